@@ -1,0 +1,30 @@
+# Set-up and tests. `make test` creates .venv (Python 3.11), installs the pinned stack and runs
+# pytest; a second call reuses what is done (the venv, and the cached mmcv wheel outside the repo).
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.polaformer_mm-installed
+PYTEST_ARGS ?=
+
+.PHONY: install test clean-venv
+
+install: $(STAMP)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(PY) requirements/build.txt requirements/runtime.txt requirements/tests.txt setup.py
+	$(PIP) install -r requirements/build.txt torch==2.13.0 numpy==2.3.5
+	wheels=$$(tools/build_mmcv_wheel.sh $(PY)) && \
+	  $(PIP) install --find-links "$$wheels" --only-binary mmcv \
+	    -r requirements/runtime.txt -r requirements/tests.txt && \
+	  $(PIP) install --no-build-isolation --no-deps -e .
+	$(PY) -c "import polaformer_mm, mmcv.ops, mmdet.models, mmseg.models, mmpretrain.models; print('stack ok')"
+	touch $(STAMP)
+
+test: install
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,11 @@
+from .attention import PolaLinearAttention
+from .backbones import PolaPVT, PolaSwin
+from .checkpoint import (convert_official_checkpoint,
+                         convert_official_state_dict, load_backbone_weights,
+                         load_checkpoint_file)
+
+__all__ = [
+    'PolaLinearAttention', 'PolaPVT', 'PolaSwin', 'convert_official_checkpoint',
+    'convert_official_state_dict', 'load_backbone_weights',
+    'load_checkpoint_file'
+]

@@ -1,0 +1,313 @@
+"""Pola-Swin: Swin v1 with polarity-aware linear attention stages, at any input size."""
+from functools import lru_cache
+from typing import Dict, Sequence, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmcv.cnn.bricks import DropPath
+from mmengine.registry import MODELS
+
+from ..attention import PolaLinearAttention, WindowMSA
+from ..utils import Mlp, PatchEmbed, drop_path_rates, nlc_to_nchw
+from .base import PolaBackboneBase
+
+
+def window_partition(x: torch.Tensor, window_size: int) -> torch.Tensor:
+    """(B, Hp, Wp, ...) -> (B * nW, window_size**2, ...), windows in row-major order."""
+    B, Hp, Wp = x.shape[:3]
+    rest = x.shape[3:]
+    x = x.view(B, Hp // window_size, window_size, Wp // window_size, window_size,
+               *rest)
+    x = x.transpose(2, 3)
+    return x.reshape(-1, window_size * window_size, *rest)
+
+
+def window_reverse(windows: torch.Tensor, window_size: int, Hp: int,
+                   Wp: int) -> torch.Tensor:
+    C = windows.shape[-1]
+    x = windows.view(-1, Hp // window_size, Wp // window_size, window_size,
+                     window_size, C)
+    return x.transpose(2, 3).reshape(-1, Hp, Wp, C)
+
+
+@lru_cache(maxsize=64)
+def _window_mask(H: int, W: int, window_size: int, shift: int,
+                 device: torch.device):
+    """Additive (nW, T, T) mask for windows over an H x W map padded to multiples
+    of the window and rolled by -shift: -100 between tokens of different shift
+    regions, and between real and padded tokens. None when nothing is masked."""
+    Hp = -(-H // window_size) * window_size
+    Wp = -(-W // window_size) * window_size
+    if shift == 0 and (Hp, Wp) == (H, W):
+        return None
+
+    def regions(size, valid):
+        ids = torch.zeros(size, dtype=torch.long)
+        if shift:
+            ids[size - window_size:size - shift] = 1
+            ids[size - shift:] = 2
+        # padding sits at the end before the roll; follow it into rolled coordinates
+        pad = torch.roll(torch.arange(size) >= valid, -shift)
+        return ids, pad
+
+    ids_h, pad_h = regions(Hp, H)
+    ids_w, pad_w = regions(Wp, W)
+    ids = ids_h[:, None] * 3 + ids_w[None, :]
+    ids[pad_h[:, None] | pad_w[None, :]] = -1
+    ids = window_partition(ids[None], window_size)  # (nW, T)
+    mask = (ids[:, :, None] != ids[:, None, :]).float() * -100.0
+    return mask.to(device)
+
+
+class SwinBlock(nn.Module):
+    """Swin block. 'L': Pola linear attention over the whole map (never shifted);
+    'S': window attention, shifted by window // 2 on odd blocks."""
+
+    def __init__(self, embed_dims, num_heads, attn_type, window_size, shift,
+                 pos_grid, alpha, kernel_size, mlp_ratio, qkv_bias, drop,
+                 attn_drop, drop_path):
+        super().__init__()
+        self.linear = attn_type == 'L'
+        self.window_size = window_size
+        self.shift = bool(shift) and not self.linear
+        self.norm1 = nn.LayerNorm(embed_dims)
+        if self.linear:
+            self.attn = PolaLinearAttention(
+                embed_dims,
+                num_heads,
+                pos_grid=pos_grid,
+                kernel_size=kernel_size,
+                alpha=alpha,
+                qkv_bias=qkv_bias,
+                layout='swin',
+                proj_drop=drop)
+        else:
+            self.attn = WindowMSA(
+                embed_dims,
+                num_heads,
+                window_size,
+                qkv_bias=qkv_bias,
+                attn_drop=attn_drop,
+                proj_drop=drop)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = nn.LayerNorm(embed_dims)
+        self.mlp = Mlp(embed_dims, int(embed_dims * mlp_ratio), drop=drop)
+
+    def _window_attention(self, x, hw_shape):
+        H, W = hw_shape
+        B, N, C = x.shape
+        ws = self.window_size
+        # a map no larger than one window along its shorter side: one window row, no
+        # shift (what the official code does at 224 for the last stage)
+        shift = ws // 2 if self.shift and min(H, W) > ws else 0
+        Hp, Wp = -(-H // ws) * ws, -(-W // ws) * ws
+        x = x.view(B, H, W, C)
+        if (Hp, Wp) != (H, W):
+            x = F.pad(x, (0, 0, 0, Wp - W, 0, Hp - H))
+        if shift:
+            x = torch.roll(x, (-shift, -shift), dims=(1, 2))
+        mask = _window_mask(H, W, ws, shift, x.device)
+        if mask is not None:
+            mask = mask.to(x.dtype)
+        x = window_reverse(self.attn(window_partition(x, ws), mask), ws, Hp, Wp)
+        if shift:
+            x = torch.roll(x, (shift, shift), dims=(1, 2))
+        return x[:, :H, :W].reshape(B, N, C)
+
+    def forward(self, x, hw_shape):
+        y = self.norm1(x)
+        if self.linear:
+            y = self.attn(y, hw_shape)
+        else:
+            y = self._window_attention(y, hw_shape)
+        x = x + self.drop_path(y)
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+class PatchMerging(nn.Module):
+    """2x2 neighbourhood concat ([0::2,0::2], [1::2,0::2], [0::2,1::2], [1::2,1::2]),
+    LayerNorm(4C), Linear(4C, 2C, no bias). Odd sides are zero-padded."""
+
+    def __init__(self, in_dims: int, out_dims: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(4 * in_dims)
+        self.reduction = nn.Linear(4 * in_dims, out_dims, bias=False)
+
+    def forward(self, x, hw_shape):
+        H, W = hw_shape
+        B, N, C = x.shape
+        x = x.view(B, H, W, C)
+        if H % 2 or W % 2:
+            x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))
+        x = torch.cat([
+            x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]
+        ], dim=-1)
+        hw_shape = (x.shape[1], x.shape[2])
+        x = x.reshape(B, -1, 4 * C)
+        return self.reduction(self.norm(x)), hw_shape
+
+
+class SwinStage(nn.Module):
+
+    def __init__(self, blocks, downsample=None):
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+        self.downsample = downsample
+
+
+@MODELS.register_module()
+class PolaSwin(PolaBackboneBase):
+    """Pola-Swin backbone (Swin v1 with Pola linear-attention stages).
+
+    Args:
+        arch (str | dict): 'tiny', 'small', 'base', or a dict with
+            ``embed_dims`` (int, first stage), ``depths`` and ``num_heads``.
+        attn_types (str): per stage, 'L' (Pola linear attention over the whole map,
+            positional encoding resized from its pretraining grid) or 'S' (shifted
+            window softmax attention with ``window_size``).
+        window_size (int): window of the 'S' stages.
+        pretrain_img_size (int | tuple): input size at pretraining; sets the grids
+            the 'L' stages' positional encodings were learned on (56x56, 28x28, ...).
+        out_indices (Sequence[int]): stages returned, each after its LayerNorm
+            ``norm{i}`` (``norm3`` is the official final norm).
+        frozen_stages (int): -1 freezes nothing, 0 the patch embedding, k >= 1
+            also stages 0..k-1 (with their downsampling and output norms).
+    """
+
+    kind = 'swin'
+    arch_zoo: Dict[str, dict] = {
+        **dict.fromkeys(['t', 'tiny'],
+                        dict(embed_dims=96, depths=[2, 2, 6, 2],
+                             num_heads=[3, 6, 12, 24])),
+        **dict.fromkeys(['s', 'small'],
+                        dict(embed_dims=96, depths=[2, 2, 18, 2],
+                             num_heads=[3, 6, 12, 24])),
+        **dict.fromkeys(['b', 'base'],
+                        dict(embed_dims=128, depths=[2, 2, 18, 2],
+                             num_heads=[4, 8, 16, 32])),
+    }
+    _arch_keys = ('embed_dims', 'depths', 'num_heads')
+
+    def __init__(self,
+                 arch: Union[str, dict] = 'tiny',
+                 attn_types: str = 'LLSS',
+                 window_size: int = 7,
+                 pretrain_img_size: Union[int, Sequence[int]] = 224,
+                 patch_size: int = 4,
+                 in_channels: int = 3,
+                 mlp_ratio: float = 4.,
+                 qkv_bias: bool = True,
+                 alpha: float = 4.0,
+                 kernel_size: int = 5,
+                 drop_rate: float = 0.,
+                 attn_drop_rate: float = 0.,
+                 drop_path_rate: float = 0.1,
+                 out_indices: Sequence[int] = (0, 1, 2, 3),
+                 frozen_stages: int = -1,
+                 norm_eval: bool = False,
+                 with_cp: bool = False,
+                 init_cfg=None):
+        super().__init__(init_cfg=init_cfg)
+        arch = self._parse_arch(arch)
+        depths, num_heads = arch['depths'], arch['num_heads']
+        num_stages = len(depths)
+        attn_types = str(attn_types).upper()
+        if len(attn_types) != num_stages or set(attn_types) - set('LS'):
+            raise ValueError(f"attn_types must be {num_stages} letters of 'L'/'S', "
+                             f'got {attn_types!r}')
+        if isinstance(pretrain_img_size, int):
+            pretrain_img_size = (pretrain_img_size, pretrain_img_size)
+        self.frozen_stages = frozen_stages
+        self.out_indices = self._check_indices(out_indices, num_stages)
+        self.norm_eval = norm_eval
+        self.with_cp = with_cp
+        self.arch = arch
+        self.attn_types = attn_types
+
+        self.patch_embed = PatchEmbed(in_channels, arch['embed_dims'], patch_size)
+        self.drop_after_pos = nn.Dropout(drop_rate)
+        dpr = drop_path_rates(drop_path_rate, depths)
+        grid = [s // patch_size for s in pretrain_img_size]
+        dims = arch['embed_dims']
+        self.num_features = []
+        self.stages = nn.ModuleList()
+        for i in range(num_stages):
+            blocks = [
+                SwinBlock(
+                    dims,
+                    num_heads[i],
+                    attn_type=attn_types[i],
+                    window_size=window_size,
+                    shift=j % 2 == 1,
+                    pos_grid=grid,
+                    alpha=alpha,
+                    kernel_size=kernel_size,
+                    mlp_ratio=mlp_ratio,
+                    qkv_bias=qkv_bias,
+                    drop=drop_rate,
+                    attn_drop=attn_drop_rate,
+                    drop_path=dpr[i][j]) for j in range(depths[i])
+            ]
+            downsample = (
+                PatchMerging(dims, 2 * dims) if i < num_stages - 1 else None)
+            self.stages.append(SwinStage(blocks, downsample))
+            self.num_features.append(dims)
+            if i < num_stages - 1:
+                dims *= 2
+                grid = [s // 2 for s in grid]
+        for i in self.out_indices:
+            self.add_module(f'norm{i}', nn.LayerNorm(self.num_features[i]))
+
+    def _parse_arch(self, arch) -> dict:
+        if isinstance(arch, str):
+            key = arch.lower()
+            if key not in self.arch_zoo:
+                raise KeyError(f'Unknown PolaSwin arch {arch!r}; choose from '
+                               f'{sorted(k for k in self.arch_zoo if len(k) > 1)}'
+                               ' or pass a dict')
+            return dict(self.arch_zoo[key])
+        if not isinstance(arch, dict):
+            raise TypeError(f'arch must be a str or dict, got {type(arch)}')
+        missing = [k for k in self._arch_keys if k not in arch]
+        if missing:
+            raise KeyError(f'PolaSwin arch dict misses keys {missing} '
+                           f'(needs {list(self._arch_keys)})')
+        if len(arch['depths']) != len(arch['num_heads']):
+            raise ValueError('PolaSwin arch depths and num_heads differ in length')
+        return dict(
+            embed_dims=int(arch['embed_dims']),
+            depths=list(arch['depths']),
+            num_heads=list(arch['num_heads']))
+
+    def _frozen_modules(self):
+        if self.frozen_stages >= 0:
+            yield self.patch_embed
+        for i in range(self.frozen_stages):
+            yield self.stages[i]
+            if i in self.out_indices:
+                yield getattr(self, f'norm{i}')
+
+    def forward_stages(self, x):
+        """Yield the raw (pre-norm, pre-downsampling) output map of every stage."""
+        x, hw_shape = self.patch_embed(x)
+        x = self.drop_after_pos(x)
+        for stage in self.stages:
+            for block in stage.blocks:
+                x = self._run_block(block, x, hw_shape)
+            yield x, hw_shape
+            if stage.downsample is not None:
+                x, hw_shape = stage.downsample(x, hw_shape)
+
+    def forward(self, x):
+        if x.dim() != 4:
+            raise ValueError(f'PolaSwin expects (B, C, H, W) images, got {tuple(x.shape)}')
+        outs = []
+        last = max(self.out_indices)
+        for i, (feat, hw_shape) in enumerate(self.forward_stages(x)):
+            if i in self.out_indices:
+                feat = getattr(self, f'norm{i}')(feat)
+                outs.append(nlc_to_nchw(feat, hw_shape))
+            if i == last:
+                break
+        return tuple(outs)

@@ -1,0 +1,8 @@
+from .pola_attention import (pola_linear_attention,
+                             pola_linear_attention_reference,
+                             polarity_features)
+
+__all__ = [
+    'pola_linear_attention', 'pola_linear_attention_reference',
+    'polarity_features'
+]

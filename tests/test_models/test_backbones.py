@@ -1,0 +1,184 @@
+import json
+import math
+import os.path as osp
+import re
+
+import pytest
+import torch
+
+from polaformer_mm import PolaPVT, PolaSwin
+from polaformer_mm.models.attention import relative_position_index
+from polaformer_mm.models.checkpoint import convert_official_state_dict
+
+SIZES = [(32, 32), (97, 131), (511, 511), (224, 320), (800, 1333)]
+
+
+def _expected_shapes(model, hw):
+    dims = ([model.arch['embed_dims'][i] for i in range(4)] if isinstance(
+        model, PolaPVT) else model.num_features)
+    return [(1, dims[i], math.ceil(hw[0] / 2**(i + 2)),
+             math.ceil(hw[1] / 2**(i + 2))) for i in range(4)]
+
+
+@pytest.fixture(scope='module')
+def tiny_models():
+    torch.manual_seed(0)
+    models = [PolaPVT(arch='tiny'), PolaSwin(arch='tiny')]
+    for m in models:
+        m.init_weights()
+        m.eval()
+    return models
+
+
+@pytest.mark.parametrize('hw', SIZES, ids=[f'{h}x{w}' for h, w in SIZES])
+def test_forward_any_size(tiny_models, hw):
+    x = torch.randn(1, 3, *hw)
+    for model in tiny_models:
+        with torch.no_grad():
+            outs = model(x)
+        assert [tuple(o.shape) for o in outs] == _expected_shapes(model, hw)
+        assert all(torch.isfinite(o).all() for o in outs)
+
+
+def test_softmax_stages_and_spatial_reduction_at_odd_sizes():
+    torch.manual_seed(0)
+    pvt = PolaPVT(arch='tiny', attn_types='LLSS', la_sr_ratios=(8, 4, 2, 1)).eval()
+    swin = PolaSwin(arch='tiny', attn_types='LSSS').eval()
+    for hw in [(37, 53), (97, 131)]:
+        x = torch.randn(2, 3, *hw)
+        for model in (pvt, swin):
+            with torch.no_grad():
+                outs = model(x)
+            assert [o.shape[2:] for o in outs] == [
+                s[2:] for s in _expected_shapes(model, hw)
+            ]
+            assert all(torch.isfinite(o).all() for o in outs)
+
+
+@pytest.mark.parametrize('hw', [(5, 6), (7, 3), (2, 7)])
+def test_window_padding_is_masked(hw):
+    """A map smaller than the window is padded to one window; padded tokens take no
+    part: the result equals attention among the real tokens only."""
+    torch.manual_seed(0)
+    swin = PolaSwin(arch=dict(embed_dims=16, depths=[1, 1, 2, 1],
+                              num_heads=[1, 2, 2, 4]), attn_types='SSSS')
+    swin.init_weights()
+    block = swin.stages[2].blocks[1]  # an odd (shift) block: no shift on small maps
+    attn = block.attn
+    H, W = hw
+    C, heads, d = 64, attn.num_heads, attn.head_dims
+    x = torch.randn(2, H * W, C)
+    with torch.no_grad():
+        y = block._window_attention(x, hw)
+        pos = [r * 7 + c for r in range(H) for c in range(W)]
+        bias = attn.relative_position_bias_table[relative_position_index(7)[pos][:, pos]]
+        q, k, v = attn.qkv(x).reshape(2, H * W, 3, heads, d).permute(2, 0, 3, 1, 4)
+        a = (q * d**-0.5) @ k.transpose(-2, -1) + bias.permute(2, 0, 1)
+        ref = attn.proj((a.softmax(-1) @ v).transpose(1, 2).reshape(2, H * W, C))
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_out_indices_and_norms():
+    swin = PolaSwin(arch='tiny', out_indices=(1, 3))
+    assert hasattr(swin, 'norm1') and hasattr(swin, 'norm3')
+    assert not hasattr(swin, 'norm0')
+    outs = PolaPVT(arch='tiny', out_indices=(0, 2))(torch.randn(1, 3, 64, 64))
+    assert [o.shape[1] for o in outs] == [64, 320]
+
+
+@pytest.mark.parametrize('cls', [PolaPVT, PolaSwin])
+def test_with_cp_same_outputs_and_gradients(cls):
+    torch.manual_seed(0)
+    arch = (dict(embed_dims=[16, 32, 48, 64], depths=[1, 2, 1, 1],
+                 num_heads=[1, 2, 3, 4], mlp_ratios=[2, 2, 2, 2],
+                 sr_ratios=[8, 4, 2, 1]) if cls is PolaPVT else
+            dict(embed_dims=16, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8]))
+    ref = cls(arch=arch, drop_path_rate=0.)
+    ref.init_weights()
+    ckpt = cls(arch=arch, drop_path_rate=0., with_cp=True)
+    ckpt.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 3, 70, 90)
+    results = []
+    for model in (ref, ckpt):
+        model.train()
+        outs = model(x)
+        loss = sum((o * torch.linspace(-1, 1, o.numel()).view_as(o)).sum()
+                   for o in outs)
+        loss.backward()
+        results.append((outs, {n: p.grad.clone()
+                               for n, p in model.named_parameters()}))
+    for a, b in zip(results[0][0], results[1][0]):
+        torch.testing.assert_close(a, b)
+    assert results[0][1].keys() == results[1][1].keys()
+    for name, grad in results[0][1].items():
+        torch.testing.assert_close(grad, results[1][1][name], msg=name)
+
+
+@pytest.mark.parametrize('cls,stage_attr', [(PolaPVT, 'layers'), (PolaSwin, 'stages')])
+@pytest.mark.parametrize('frozen_stages', [0, 1, 3])
+def test_frozen_stages(cls, stage_attr, frozen_stages):
+    model = cls(arch='tiny', frozen_stages=frozen_stages)
+    model.train()
+    stages = getattr(model, stage_attr)
+    frozen = [stages[0].patch_embed if cls is PolaPVT else model.patch_embed]
+    frozen += [stages[i] for i in range(frozen_stages)]
+    if cls is PolaSwin:
+        frozen += [getattr(model, f'norm{i}') for i in range(frozen_stages)]
+    for module in frozen:
+        assert not module.training
+        assert all(not p.requires_grad for p in module.parameters())
+    frozen_ids = {id(p) for m in frozen for p in m.parameters()}
+    assert all(p.requires_grad for p in model.parameters() if id(p) not in frozen_ids)
+    for i in range(frozen_stages, 4):
+        assert stages[i].blocks.training
+    # a frozen stage gets no gradient from a training step
+    outs = model(torch.randn(1, 3, 64, 64))
+    sum(o.sum() for o in outs).backward()
+    assert all(p.grad is None for m in frozen for p in m.parameters())
+
+
+def _official_shapes(golden_dir):
+    with open(osp.join(golden_dir, 'official_state_dict_shapes.json')) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize('name', [
+    'pola_pvt_tiny', 'pola_pvt_small', 'pola_pvt_medium', 'pola_pvt_large',
+    'pola_swin_tiny', 'pola_swin_small', 'pola_swin_base'
+])
+def test_every_released_arch_matches_official_layout(golden_dir, name):
+    shapes = _official_shapes(golden_dir)[name]
+    kind, size = name.split('_')[1:]
+    model = (PolaPVT if kind == 'pvt' else PolaSwin)(arch=size, out_indices=(3, ))
+    ours = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+    buffers = re.compile(r'(attn_mask|relative_position_index)$')
+    unused = re.compile(r'^head\.' + (r'|^norm\.' if kind == 'pvt' else ''))
+    official_count = sum(
+        math.prod(s) for k, s in shapes.items()
+        if not buffers.search(k) and not unused.search(k))
+    assert sum(p.numel() for p in model.parameters()) == official_count
+
+    fake = {k: torch.empty(s, device='meta') for k, s in shapes.items()}
+    converted = {
+        k[len('backbone.'):]: tuple(v.shape)
+        for k, v in convert_official_state_dict(fake).items()
+        if k.startswith('backbone.')
+    }
+    assert converted == ours
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(KeyError, match='huge'):
+        PolaPVT(arch='huge')
+    with pytest.raises(KeyError, match='sr_ratios'):
+        PolaPVT(arch=dict(embed_dims=[8] * 4, depths=[1] * 4, num_heads=[1] * 4,
+                          mlp_ratios=[1] * 4))
+    with pytest.raises(ValueError, match='attn_types'):
+        PolaSwin(attn_types='LLX')
+    with pytest.raises(ValueError, match='out_indices'):
+        PolaSwin(out_indices=(4, ))
+    with pytest.raises(ValueError, match='la_sr_ratios'):
+        PolaPVT(la_sr_ratios=(1, 1))
+    with pytest.raises(ValueError, match=r'\(B, C, H, W\)'):
+        PolaPVT()(torch.randn(3, 32, 32))

@@ -1,0 +1,113 @@
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from polaformer_mm import PolaPVT, PolaSwin
+from polaformer_mm.models.checkpoint import (convert_official_checkpoint,
+                                             load_checkpoint_file)
+from polaformer_mm.models.utils import nlc_to_nchw
+
+from ._golden import backbone_cfg, load_golden
+from ._official_files import save_official
+
+
+def _backbone(data, **kwargs):
+    cfg = backbone_cfg(data['kind'], data['arch'])
+    cls = PolaPVT if cfg.pop('type') == 'PolaPVT' else PolaSwin
+    return cls(**cfg, **kwargs).eval()
+
+
+def _raw_stages(backbone, x):
+    with torch.no_grad():
+        return [nlc_to_nchw(t, hw) for t, hw in backbone.forward_stages(x)]
+
+
+def test_yacs_is_not_installed():
+    # the converter tests below only prove something if yacs is really absent
+    assert importlib.util.find_spec('yacs') is None
+
+
+@pytest.mark.parametrize('name', ['pola_pvt_micro_LLSS_sr8421.pt',
+                                  'pola_swin_micro_LLSS.pt'])
+def test_convert_yacs_carrying_file(golden_dir, tmp_path, name):
+    data = load_golden(golden_dir, name)
+    src = save_official(tmp_path / 'official.pth', data['state_dict'])
+    with pytest.raises(Exception):  # a plain weights-only load refuses the config
+        torch.load(src, weights_only=True)
+    dst = tmp_path / 'converted.pth'
+    converted = convert_official_checkpoint(str(src), str(dst))
+    loaded = torch.load(dst, weights_only=True)
+    assert set(loaded) == {'state_dict', 'meta'}
+    assert loaded['state_dict'].keys() == converted.keys()
+    assert all(k.startswith(('backbone.', 'head.fc.')) for k in converted)
+    assert not any('relative_position_index' in k or 'attn_mask' in k
+                   for k in converted)
+
+
+def test_official_file_config_is_kept_as_plain_data(golden_dir, tmp_path):
+    data = load_golden(golden_dir, 'pola_pvt_micro_LLLL.pt')
+    obj = load_checkpoint_file(save_official(tmp_path / 'o.pth', data['state_dict']))
+    assert obj['config']['MODEL']['TYPE'] == 'pola_pvt'
+    assert obj['epoch'] == 299
+
+
+def test_refuses_arbitrary_objects(tmp_path):
+
+    class Payload:
+
+        def __reduce__(self):
+            return (os.getcwd, ())
+
+    path = tmp_path / 'evil.pth'
+    torch.save({'model': {'w': torch.zeros(1)}, 'x': Payload()}, path)
+    with pytest.raises(RuntimeError, match='weights-only'):
+        load_checkpoint_file(str(path))
+
+
+@pytest.mark.parametrize('name', ['pola_pvt_micro_LLLL.pt', 'pola_swin_micro_LLSS.pt'])
+@pytest.mark.parametrize('target', ['converted', 'official', 'bare_official'])
+def test_pretrained_init_cfg(golden_dir, tmp_path, name, target):
+    data = load_golden(golden_dir, name)
+    official = save_official(tmp_path / 'official.pth', data['state_dict'])
+    if target == 'converted':
+        checkpoint = tmp_path / 'converted.pth'
+        convert_official_checkpoint(str(official), str(checkpoint))
+    elif target == 'official':
+        checkpoint = official
+    else:
+        checkpoint = tmp_path / 'bare.pth'
+        torch.save(data['state_dict'], checkpoint)
+    backbone = _backbone(
+        data, init_cfg=dict(type='Pretrained', checkpoint=str(checkpoint),
+                            prefix='backbone.'))
+    backbone.init_weights()
+    for ours, ref in zip(_raw_stages(backbone, data['input']), data['stage_outputs']):
+        torch.testing.assert_close(ours, ref, rtol=0, atol=1e-4)
+
+
+def test_missing_checkpoint_is_named(golden_dir, tmp_path):
+    missing = str(tmp_path / 'nope' / 'pola_pvt_t.pth')
+    backbone = PolaPVT(init_cfg=dict(type='Pretrained', checkpoint=missing))
+    with pytest.raises(FileNotFoundError, match='nope/pola_pvt_t.pth'):
+        backbone.init_weights()
+
+
+def test_wrong_family_is_named(golden_dir, tmp_path):
+    data = load_golden(golden_dir, 'pola_pvt_micro_LLLL.pt')
+    official = save_official(tmp_path / 'official.pth', data['state_dict'])
+    backbone = PolaSwin(init_cfg=dict(type='Pretrained', checkpoint=str(official)))
+    with pytest.raises(ValueError, match='Pola-PVT'):
+        backbone.init_weights()
+
+
+def test_wrong_prefix_is_named(golden_dir, tmp_path):
+    data = load_golden(golden_dir, 'pola_pvt_micro_LLLL.pt')
+    dst = tmp_path / 'converted.pth'
+    convert_official_checkpoint(
+        str(save_official(tmp_path / 'o.pth', data['state_dict'])), str(dst))
+    backbone = _backbone(data, init_cfg=dict(type='Pretrained', checkpoint=str(dst),
+                                             prefix='model.'))
+    with pytest.raises(KeyError, match="prefix 'model.'"):
+        backbone.init_weights()
