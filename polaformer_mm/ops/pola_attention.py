@@ -65,8 +65,22 @@ def pola_linear_attention(q: Tensor,
 
     Returns (B, h, N, d): the same-signed stream in the first ``ceil(d/2)`` channels
     of every head and the opposite-signed stream in the rest.
+
+    Half-precision inputs (and calls under autocast) are computed in float32 and the
+    result cast back: ``relu(q) ** p`` with p up to 1 + alpha overflows float16.
     """
     _check_inputs(q, k, v, power)
+    low_precision = (torch.float16, torch.bfloat16)
+    if q.dtype in low_precision or torch.is_autocast_enabled(q.device.type):
+        with torch.autocast(q.device.type, enabled=False):
+            out = _pola_linear_attention(q.float(), k.float(), v.float(),
+                                         power.float(), alpha, eps)
+        return out.to(q.dtype)
+    return _pola_linear_attention(q, k, v, power, alpha, eps)
+
+
+def _pola_linear_attention(q: Tensor, k: Tensor, v: Tensor, power: Tensor,
+                           alpha: float, eps: float) -> Tensor:
     d = q.shape[-1]
     n = k.shape[-2]
     d1, _ = _value_split(d)

@@ -92,3 +92,21 @@ def test_bad_shapes_are_named():
         pola_linear_attention(q, k, v, power[:, :1])
     with pytest.raises(ValueError, match=r'q \(B,h,N,d\)'):
         pola_linear_attention(q[0], k, v, power)
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_half_inputs_computed_in_float32(dtype):
+    q, k, v, power = _inputs(N=64, n=32, d=8, dtype=torch.float32)
+    q, k = q * 8, k * 8  # relu(q) ** 5 of these overflows float16
+    expected = pola_linear_attention(q, k, v, power)
+    out = pola_linear_attention(q.to(dtype), k.to(dtype), v.to(dtype), power)
+    assert out.dtype == dtype and torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), expected, rtol=0.05, atol=0.05)
+
+
+def test_autocast_keeps_float32_maths():
+    q, k, v, power = _inputs(N=64, n=32, d=8, dtype=torch.float32)
+    expected = pola_linear_attention(q, k, v, power)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = pola_linear_attention(q, k, v, power)
+    torch.testing.assert_close(out, expected)
