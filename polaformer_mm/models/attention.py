@@ -12,6 +12,13 @@ from ..ops import pola_linear_attention
 from .utils import nchw_to_nlc, nlc_to_nchw, pad_to_multiple, resize_token_grid
 
 
+def _head_dims(embed_dims: int, num_heads: int) -> int:
+    if embed_dims % num_heads:
+        raise ValueError(f'embed_dims {embed_dims} is not divisible by '
+                         f'num_heads {num_heads}')
+    return embed_dims // num_heads
+
+
 class _SpatialReduction(nn.Module):
     """Conv(kernel = stride = r) + LayerNorm producing the reduced key/value tokens.
 
@@ -60,9 +67,6 @@ class PolaLinearAttention(nn.Module):
                  layout: str = 'pvt',
                  proj_drop: float = 0.):
         super().__init__()
-        if embed_dims % num_heads:
-            raise ValueError(f'embed_dims {embed_dims} is not divisible by '
-                             f'num_heads {num_heads}')
         if layout not in ('pvt', 'swin'):
             raise ValueError(f"layout must be 'pvt' or 'swin', got {layout!r}")
         if layout == 'swin' and sr_ratio != 1:
@@ -73,7 +77,7 @@ class PolaLinearAttention(nn.Module):
                              f'sr_ratio={sr_ratio}, kernel_size={kernel_size}')
         self.embed_dims = embed_dims
         self.num_heads = num_heads
-        self.head_dims = embed_dims // num_heads
+        self.head_dims = _head_dims(embed_dims, num_heads)
         self.pos_grid = tuple(int(s) for s in pos_grid)
         self.sr_ratio = sr_ratio
         self.alpha = float(alpha)
@@ -161,11 +165,8 @@ class SpatialReductionAttention(nn.Module):
                  attn_drop: float = 0.,
                  proj_drop: float = 0.):
         super().__init__()
-        if embed_dims % num_heads:
-            raise ValueError(f'embed_dims {embed_dims} is not divisible by '
-                             f'num_heads {num_heads}')
         self.num_heads = num_heads
-        self.head_dims = embed_dims // num_heads
+        self.head_dims = _head_dims(embed_dims, num_heads)
         self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
         self.kv = nn.Linear(embed_dims, 2 * embed_dims, bias=qkv_bias)
         self.reduction = (
@@ -208,11 +209,8 @@ class WindowMSA(nn.Module):
                  attn_drop: float = 0.,
                  proj_drop: float = 0.):
         super().__init__()
-        if embed_dims % num_heads:
-            raise ValueError(f'embed_dims {embed_dims} is not divisible by '
-                             f'num_heads {num_heads}')
         self.num_heads = num_heads
-        self.head_dims = embed_dims // num_heads
+        self.head_dims = _head_dims(embed_dims, num_heads)
         self.window_size = window_size
         self.relative_position_bias_table = nn.Parameter(
             torch.zeros((2 * window_size - 1)**2, num_heads))

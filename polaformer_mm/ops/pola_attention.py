@@ -49,6 +49,14 @@ def polarity_features(x: Tensor, exponent: Tensor) -> Tuple[Tensor, Tensor]:
     return torch.relu(x)**exponent, torch.relu(-x)**exponent
 
 
+def _polarity_maps(q: Tensor, k: Tensor, power: Tensor,
+                   alpha: float) -> Tuple[Tensor, Tensor, Tensor]:
+    """Steps 6-7: q+, q- (B,h,N,d) and the keys [k+, k-] (B,h,n,2d)."""
+    p = 1 + alpha * torch.sigmoid(power)
+    q_pos, q_neg = polarity_features(q, p)
+    return q_pos, q_neg, torch.cat(polarity_features(k, p), dim=-1)
+
+
 def _value_split(d: int) -> Tuple[int, int]:
     # torch.chunk(v, 2, dim=-1) semantics: the first part takes the larger half.
     first = (d + 1) // 2
@@ -81,15 +89,9 @@ def pola_linear_attention(q: Tensor,
 
 def _pola_linear_attention(q: Tensor, k: Tensor, v: Tensor, power: Tensor,
                            alpha: float, eps: float) -> Tensor:
-    d = q.shape[-1]
-    n = k.shape[-2]
-    d1, _ = _value_split(d)
-    p = 1 + alpha * torch.sigmoid(power)
-
-    q_pos, q_neg = polarity_features(q, p)
-    k_pos, k_neg = polarity_features(k, p)
+    d, n, d1 = q.shape[-1], k.shape[-2], _value_split(q.shape[-1])[0]
+    q_pos, q_neg, k_cat = _polarity_maps(q, k, power, alpha)
     q_cat = torch.cat([q_pos, q_neg], dim=-1)  # (B,h,N,2d)
-    k_cat = torch.cat([k_pos, k_neg], dim=-1)  # (B,h,n,2d)
 
     # One key-value summary for both streams: [k+, k-]^T v / n, (2d x d).
     kv = torch.matmul(k_cat.transpose(-2, -1), v) / n
@@ -118,14 +120,8 @@ def pola_linear_attention_reference(q: Tensor,
                                     eps: float = 1e-6) -> Tensor:
     """Explicit-weights version: forms both N x n attention maps. Tests only."""
     _check_inputs(q, k, v, power)
-    d = q.shape[-1]
-    n = k.shape[-2]
-    d1, _ = _value_split(d)
-    p = 1 + alpha * torch.sigmoid(power)
-
-    q_pos, q_neg = polarity_features(q, p)
-    k_pos, k_neg = polarity_features(k, p)
-    keys = torch.cat([k_pos, k_neg], dim=-1)
+    n, d1 = k.shape[-2], _value_split(q.shape[-1])[0]
+    q_pos, q_neg, keys = _polarity_maps(q, k, power, alpha)
     v1, v2 = v[..., :d1], v[..., d1:]
 
     outs = []

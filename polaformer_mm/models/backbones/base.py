@@ -1,6 +1,6 @@
 """What PolaPVT and PolaSwin share: stage freezing, gradient checkpointing,
 weight init and loading of official or converted checkpoints."""
-from typing import Sequence
+from typing import Dict, Sequence, Tuple, Union
 
 import torch.nn as nn
 import torch.utils.checkpoint as cp
@@ -9,6 +9,8 @@ from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 from mmengine.runner.checkpoint import load_state_dict
 from torch.nn.modules.batchnorm import _BatchNorm
+
+from ..utils import nlc_to_nchw
 
 
 def _freeze(module: nn.Module) -> None:
@@ -20,22 +22,81 @@ def _freeze(module: nn.Module) -> None:
 class PolaBackboneBase(BaseModule):
     """Common behaviour of the Pola backbones.
 
-    Subclasses set ``self.kind`` ('pvt' or 'swin') and implement
-    ``_frozen_modules()`` returning the modules covered by ``frozen_stages``.
+    Subclasses set ``kind`` ('pvt' or 'swin'), ``arch_zoo``, ``_arch_keys`` and
+    ``_arch_defaults``, and implement ``forward_stages`` (yielding raw stage tokens
+    and their grid) and ``_frozen_modules`` (the modules ``frozen_stages`` covers).
     """
 
     kind = None
+    arch_zoo: Dict[str, dict] = {}
+    _arch_keys: Tuple[str, ...] = ()
+    _arch_defaults: dict = {}
 
-    def _check_indices(self, out_indices: Sequence[int], num_stages: int):
+    def _parse_arch(self, arch: Union[str, dict]) -> dict:
+        name = type(self).__name__
+        if isinstance(arch, str):
+            if arch.lower() not in self.arch_zoo:
+                raise KeyError(f'Unknown {name} arch {arch!r}; choose from '
+                               f'{sorted(k for k in self.arch_zoo if len(k) > 1)}'
+                               ' or pass a dict')
+            arch = {**self._arch_defaults, **self.arch_zoo[arch.lower()]}
+        elif isinstance(arch, dict):
+            missing = [k for k in self._arch_keys if k not in arch]
+            if missing:
+                raise KeyError(f'{name} arch dict misses keys {missing} '
+                               f'(needs {list(self._arch_keys)})')
+        else:
+            raise TypeError(f'{name} arch must be a str or dict, got {type(arch)}')
+        arch = {
+            k: list(arch[k]) if isinstance(arch[k], (list, tuple)) else arch[k]
+            for k in self._arch_keys
+        }
+        lengths = {k: len(v) for k, v in arch.items() if isinstance(v, list)}
+        if len(set(lengths.values())) != 1:
+            raise ValueError(f'{name} arch lists differ in length: {lengths}')
+        return arch
+
+    def _setup_stages(self, num_stages: int, attn_types: str,
+                      out_indices: Sequence[int], frozen_stages: int,
+                      norm_eval: bool, with_cp: bool) -> None:
+        """Validate and store the per-stage options both backbones take."""
+        attn_types = str(attn_types).upper()
+        if len(attn_types) != num_stages or set(attn_types) - set('LS'):
+            raise ValueError(f"attn_types must be {num_stages} letters of 'L'/'S', "
+                             f'got {attn_types!r}')
         out_indices = tuple(int(i) for i in out_indices)
         if not out_indices or any(i < 0 or i >= num_stages
                                   for i in out_indices):
             raise ValueError(f'out_indices must name stages in '
                              f'0..{num_stages - 1}, got {out_indices}')
-        if not -1 <= self.frozen_stages <= num_stages:
+        if not -1 <= frozen_stages <= num_stages:
             raise ValueError(f'frozen_stages must be in -1..{num_stages}, '
-                             f'got {self.frozen_stages}')
-        return out_indices
+                             f'got {frozen_stages}')
+        self.attn_types = attn_types
+        self.out_indices = out_indices
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+        self.with_cp = with_cp
+
+    def forward_stages(self, x):
+        raise NotImplementedError
+
+    def _stage_output(self, index: int, tokens):
+        """Hook applied to the tokens of each returned stage (default: as they are)."""
+        return tokens
+
+    def forward(self, x):
+        if x.dim() != 4:
+            raise ValueError(f'{type(self).__name__} expects (B, C, H, W) images, '
+                             f'got {tuple(x.shape)}')
+        outs = []
+        last = max(self.out_indices)
+        for i, (tokens, hw_shape) in enumerate(self.forward_stages(x)):
+            if i in self.out_indices:
+                outs.append(nlc_to_nchw(self._stage_output(i, tokens), hw_shape))
+            if i == last:
+                break
+        return tuple(outs)
 
     def _run_block(self, block: nn.Module, x, hw_shape):
         if self.with_cp and x.requires_grad:

@@ -5,6 +5,7 @@ import torch
 import torch.nn as nn
 from mmcv.cnn.bricks import DropPath
 from mmengine.registry import MODELS
+from mmengine.utils import to_2tuple
 
 from ..attention import PolaLinearAttention, SpatialReductionAttention
 from ..utils import (Mlp, PatchEmbed, drop_path_rates, nlc_to_nchw,
@@ -115,22 +116,15 @@ class PolaPVT(PolaBackboneBase):
         super().__init__(init_cfg=init_cfg)
         arch = self._parse_arch(arch)
         num_stages = len(arch['depths'])
-        attn_types = str(attn_types).upper()
+        self._setup_stages(num_stages, attn_types, out_indices, frozen_stages,
+                           norm_eval, with_cp)
+        attn_types = self.attn_types
         la_sr_ratios = [int(r) for r in la_sr_ratios]
-        if len(attn_types) != num_stages or set(attn_types) - set('LS'):
-            raise ValueError(f"attn_types must be {num_stages} letters of 'L'/'S', "
-                             f'got {attn_types!r}')
         if len(la_sr_ratios) != num_stages:
             raise ValueError(f'la_sr_ratios needs {num_stages} values, got '
                              f'{la_sr_ratios}')
-        if isinstance(pretrain_img_size, int):
-            pretrain_img_size = (pretrain_img_size, pretrain_img_size)
-        self.frozen_stages = frozen_stages
-        self.out_indices = self._check_indices(out_indices, num_stages)
-        self.norm_eval = norm_eval
-        self.with_cp = with_cp
+        pretrain_img_size = to_2tuple(pretrain_img_size)
         self.arch = arch
-        self.attn_types = attn_types
         self.la_sr_ratios = tuple(la_sr_ratios)
 
         dpr = drop_path_rates(drop_path_rate, arch['depths'])
@@ -161,26 +155,6 @@ class PolaPVT(PolaBackboneBase):
                          drop_rate, blocks))
             prev_dims = dims
 
-    def _parse_arch(self, arch) -> dict:
-        if isinstance(arch, str):
-            key = arch.lower()
-            if key not in self.arch_zoo:
-                raise KeyError(f'Unknown PolaPVT arch {arch!r}; choose from '
-                               f'{sorted(k for k in self.arch_zoo if len(k) > 1)}'
-                               ' or pass a dict')
-            return {**self._arch_defaults, **self.arch_zoo[key]}
-        if not isinstance(arch, dict):
-            raise TypeError(f'arch must be a str or dict, got {type(arch)}')
-        missing = [k for k in self._arch_keys if k not in arch]
-        if missing:
-            raise KeyError(f'PolaPVT arch dict misses keys {missing} '
-                           f'(needs {list(self._arch_keys)})')
-        arch = {k: list(arch[k]) for k in self._arch_keys}
-        lengths = {k: len(v) for k, v in arch.items()}
-        if len(set(lengths.values())) != 1:
-            raise ValueError(f'PolaPVT arch lists differ in length: {lengths}')
-        return arch
-
     def _frozen_modules(self):
         if self.frozen_stages >= 0:
             yield self.layers[0].patch_embed
@@ -198,15 +172,3 @@ class PolaPVT(PolaBackboneBase):
                 x = self._run_block(block, x, hw_shape)
             yield x, hw_shape
             x = nlc_to_nchw(x, hw_shape)
-
-    def forward(self, x):
-        if x.dim() != 4:
-            raise ValueError(f'PolaPVT expects (B, C, H, W) images, got {tuple(x.shape)}')
-        outs = []
-        last = max(self.out_indices)
-        for i, (feat, hw_shape) in enumerate(self.forward_stages(x)):
-            if i in self.out_indices:
-                outs.append(nlc_to_nchw(feat, hw_shape))
-            if i == last:
-                break
-        return tuple(outs)

@@ -7,9 +7,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmcv.cnn.bricks import DropPath
 from mmengine.registry import MODELS
+from mmengine.utils import to_2tuple
 
 from ..attention import PolaLinearAttention, WindowMSA
-from ..utils import Mlp, PatchEmbed, drop_path_rates, nlc_to_nchw
+from ..utils import Mlp, PatchEmbed, drop_path_rates
 from .base import PolaBackboneBase
 
 
@@ -212,18 +213,11 @@ class PolaSwin(PolaBackboneBase):
         arch = self._parse_arch(arch)
         depths, num_heads = arch['depths'], arch['num_heads']
         num_stages = len(depths)
-        attn_types = str(attn_types).upper()
-        if len(attn_types) != num_stages or set(attn_types) - set('LS'):
-            raise ValueError(f"attn_types must be {num_stages} letters of 'L'/'S', "
-                             f'got {attn_types!r}')
-        if isinstance(pretrain_img_size, int):
-            pretrain_img_size = (pretrain_img_size, pretrain_img_size)
-        self.frozen_stages = frozen_stages
-        self.out_indices = self._check_indices(out_indices, num_stages)
-        self.norm_eval = norm_eval
-        self.with_cp = with_cp
+        self._setup_stages(num_stages, attn_types, out_indices, frozen_stages,
+                           norm_eval, with_cp)
+        attn_types = self.attn_types
+        pretrain_img_size = to_2tuple(pretrain_img_size)
         self.arch = arch
-        self.attn_types = attn_types
 
         self.patch_embed = PatchEmbed(in_channels, arch['embed_dims'], patch_size)
         self.drop_after_pos = nn.Dropout(drop_rate)
@@ -259,27 +253,6 @@ class PolaSwin(PolaBackboneBase):
         for i in self.out_indices:
             self.add_module(f'norm{i}', nn.LayerNorm(self.num_features[i]))
 
-    def _parse_arch(self, arch) -> dict:
-        if isinstance(arch, str):
-            key = arch.lower()
-            if key not in self.arch_zoo:
-                raise KeyError(f'Unknown PolaSwin arch {arch!r}; choose from '
-                               f'{sorted(k for k in self.arch_zoo if len(k) > 1)}'
-                               ' or pass a dict')
-            return dict(self.arch_zoo[key])
-        if not isinstance(arch, dict):
-            raise TypeError(f'arch must be a str or dict, got {type(arch)}')
-        missing = [k for k in self._arch_keys if k not in arch]
-        if missing:
-            raise KeyError(f'PolaSwin arch dict misses keys {missing} '
-                           f'(needs {list(self._arch_keys)})')
-        if len(arch['depths']) != len(arch['num_heads']):
-            raise ValueError('PolaSwin arch depths and num_heads differ in length')
-        return dict(
-            embed_dims=int(arch['embed_dims']),
-            depths=list(arch['depths']),
-            num_heads=list(arch['num_heads']))
-
     def _frozen_modules(self):
         if self.frozen_stages >= 0:
             yield self.patch_embed
@@ -299,15 +272,5 @@ class PolaSwin(PolaBackboneBase):
             if stage.downsample is not None:
                 x, hw_shape = stage.downsample(x, hw_shape)
 
-    def forward(self, x):
-        if x.dim() != 4:
-            raise ValueError(f'PolaSwin expects (B, C, H, W) images, got {tuple(x.shape)}')
-        outs = []
-        last = max(self.out_indices)
-        for i, (feat, hw_shape) in enumerate(self.forward_stages(x)):
-            if i in self.out_indices:
-                feat = getattr(self, f'norm{i}')(feat)
-                outs.append(nlc_to_nchw(feat, hw_shape))
-            if i == last:
-                break
-        return tuple(outs)
+    def _stage_output(self, index, tokens):
+        return getattr(self, f'norm{index}')(tokens)
