@@ -45,8 +45,14 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, power: Tensor) -> None:
 
 
 def polarity_features(x: Tensor, exponent: Tensor) -> Tuple[Tensor, Tensor]:
-    """Return ``(relu(x) ** p, relu(-x) ** p)`` for a broadcastable exponent."""
-    return torch.relu(x)**exponent, torch.relu(-x)**exponent
+    """Return ``(relu(x) ** p, relu(-x) ** p)`` for a broadcastable exponent p > 0.
+
+    Both come from one power of ``|x|`` (the power and its gradient are the costly
+    part): the positive part keeps it where x > 0, the negative part is the rest.
+    """
+    magnitude = x.abs()**exponent
+    positive = torch.where(x > 0, magnitude, 0.)
+    return positive, magnitude - positive
 
 
 def _polarity_maps(q: Tensor, k: Tensor, power: Tensor,

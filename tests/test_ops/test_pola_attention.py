@@ -4,7 +4,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from polaformer_mm.ops import (pola_linear_attention,
-                               pola_linear_attention_reference)
+                               pola_linear_attention_reference,
+                               polarity_features)
 
 
 def _inputs(B=2, h=3, N=37, n=23, d=8, dtype=torch.float64, seed=0):
@@ -110,3 +111,16 @@ def test_autocast_keeps_float32_maths():
     with torch.autocast('cpu', dtype=torch.bfloat16):
         out = pola_linear_attention(q, k, v, power)
     torch.testing.assert_close(out, expected)
+
+
+def test_polarity_features_are_relu_powers():
+    x = torch.tensor([-2.0, -0.5, 0.0, 0.5, 3.0], dtype=torch.float64,
+                     requires_grad=True)
+    p = torch.tensor(2.5, dtype=torch.float64)
+    pos, neg = polarity_features(x, p)
+    torch.testing.assert_close(pos, torch.relu(x)**p)
+    torch.testing.assert_close(neg, torch.relu(-x)**p)
+    grad, = torch.autograd.grad((pos * 3 + neg).sum(), x)
+    expected, = torch.autograd.grad(
+        (torch.relu(x)**p * 3 + torch.relu(-x)**p).sum(), x)
+    torch.testing.assert_close(grad, expected)
