@@ -1,12 +1,13 @@
 #!/usr/bin/env python
-"""Benchmark the polarity-aware attention maths: our one-GEMM fast path against the
-two-stream form the official code uses (DESIGN.md section 1, steps 8-11, as written),
-and against explicit N x n weights where that fits.
+"""Benchmark the polarity-aware attention maths: our fast path (one power of |x|, one
+GEMM for both streams) against the form the official code uses (relu(x)^p and relu(-x)^p
+separately, each stream its own K^T v and normaliser: DESIGN.md section 1, steps 6-11,
+as written), and against explicit N x n weights where that fits.
 
     python tools/analysis_tools/benchmark_pola_attention.py [--device cuda] [--repeat 5]
 
 Prints one table row per shape: median forward and forward+backward milliseconds, the
-ratio two-stream / fast, and on CUDA the peak memory of forward+backward.
+ratio official-form / fast, and on CUDA the peak memory of forward+backward.
 """
 import argparse
 import statistics
@@ -15,8 +16,7 @@ import time
 import torch
 
 from polaformer_mm.ops import (pola_linear_attention,
-                               pola_linear_attention_reference,
-                               polarity_features)
+                               pola_linear_attention_reference)
 
 # (name, B, heads, N queries, n keys, head width)
 SHAPES = [
@@ -29,11 +29,11 @@ SHAPES = [
 ]
 
 
-def two_stream(q, k, v, power, alpha=4.0, eps=1e-6):
+def official_form(q, k, v, power, alpha=4.0, eps=1e-6):
     """The official order of operations: each stream its own K^T v and normaliser."""
     p = 1 + alpha * torch.sigmoid(power)
-    q_pos, q_neg = polarity_features(q, p)
-    k_pos, k_neg = polarity_features(k, p)
+    q_pos, q_neg = torch.relu(q)**p, torch.relu(-q)**p
+    k_pos, k_neg = torch.relu(k)**p, torch.relu(-k)**p
     q_sim = torch.cat([q_pos, q_neg], dim=-1)
     q_opp = torch.cat([q_neg, q_pos], dim=-1)
     keys = torch.cat([k_pos, k_neg], dim=-1)
@@ -98,7 +98,7 @@ def main():
             torch.randn(1, h, 1, d, generator=g)
         ]
         inputs = [t.to(device=device, dtype=dtype) for t in inputs]
-        impls = [('fast', pola_linear_attention), ('two-stream', two_stream)]
+        impls = [('fast', pola_linear_attention), ('official', official_form)]
         if N <= args.reference_max_tokens:
             impls.append(('explicit', pola_linear_attention_reference))
         fast_fb = None
