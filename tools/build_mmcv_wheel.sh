@@ -28,8 +28,10 @@ echo "building mmcv $MMCV_VERSION with ops ($KEY); this takes about 10 minutes o
 mkdir -p "$CACHE_ROOT"
 TMP=$(mktemp -d "$CACHE_ROOT/.build.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
+# --no-cache-dir: pip's own wheel cache is keyed by the sdist alone, not by the torch or
+# CUDA it was compiled against; this cache is the one that knows.
 MMCV_WITH_OPS=1 FORCE_CUDA=$FORCE_CUDA MAX_JOBS=${MAX_JOBS:-$(nproc)} \
-  "$PY" -m pip wheel --no-build-isolation --no-deps --no-binary mmcv \
+  "$PY" -m pip wheel --no-cache-dir --no-build-isolation --no-deps --no-binary mmcv \
   "mmcv==$MMCV_VERSION" -w "$TMP" >&2
 # Publish atomically so an interrupted build never looks cached.
 mkdir -p "$DEST.partial"
