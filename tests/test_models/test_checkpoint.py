@@ -111,3 +111,32 @@ def test_wrong_prefix_is_named(golden_dir, tmp_path):
                                              prefix='model.'))
     with pytest.raises(KeyError, match="prefix 'model.'"):
         backbone.init_weights()
+
+
+def test_checkpoint_that_does_not_fit_is_named(golden_dir, tmp_path):
+    data = load_golden(golden_dir, 'pola_pvt_micro_LLLL.pt')
+    official = str(save_official(tmp_path / 'official.pth', data['state_dict']))
+    cfg = backbone_cfg(data['kind'], data['arch'])
+    cfg.pop('type')
+    with pytest.raises(ValueError, match=r'shape mismatches.*dwc\.weight'):
+        PolaPVT(**{**cfg, 'kernel_size': 3},
+                init_cfg=dict(type='Pretrained', checkpoint=official)).init_weights()
+    with pytest.raises(KeyError, match=r'missing keys.*attn\.q\.weight'):
+        PolaPVT(**{**cfg, 'attn_types': 'LLLS'},
+                init_cfg=dict(type='Pretrained', checkpoint=official)).init_weights()
+
+
+def test_swin_output_norms_are_optional(golden_dir, tmp_path):
+    data = load_golden(golden_dir, 'pola_swin_micro_LLSS.pt')
+    official = str(save_official(tmp_path / 'official.pth', data['state_dict']))
+    for out_indices in [(0, 1, 2, 3), (1, 2)]:
+        backbone = _backbone(data, out_indices=out_indices,
+                             init_cfg=dict(type='Pretrained', checkpoint=official))
+        backbone.init_weights()
+        for ours, ref in zip(_raw_stages(backbone, data['input']),
+                             data['stage_outputs']):
+            torch.testing.assert_close(ours, ref, rtol=0, atol=1e-4)
+        if 3 in out_indices:  # the official final norm is norm3; norm0 keeps its init
+            torch.testing.assert_close(backbone.norm3.weight,
+                                       data['state_dict']['norm.weight'])
+            torch.testing.assert_close(backbone.norm0.weight.detach(), torch.ones(16))

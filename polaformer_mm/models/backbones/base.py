@@ -7,7 +7,6 @@ import torch.utils.checkpoint as cp
 from mmengine.logging import MMLogger
 from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
-from mmengine.runner.checkpoint import load_state_dict
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..utils import nlc_to_nchw
@@ -126,11 +125,10 @@ class PolaBackboneBase(BaseModule):
             # official checkpoint (which carries a pickled yacs config and official
             # key names) also works, and is converted on the fly.
             from ..checkpoint import load_backbone_weights
+            checkpoint = init_cfg.get('checkpoint')
             state_dict = load_backbone_weights(
-                init_cfg.get('checkpoint'), kind=self.kind,
-                prefix=init_cfg.get('prefix', None))
-            load_state_dict(
-                self, state_dict, strict=False, logger=MMLogger.get_current_instance())
+                checkpoint, kind=self.kind, prefix=init_cfg.get('prefix', None))
+            self._load_pretrained(state_dict, checkpoint)
             self._is_init = True
             return
         if init_cfg is None:
@@ -138,6 +136,41 @@ class PolaBackboneBase(BaseModule):
             self._is_init = True
             return
         super().init_weights()
+
+    def _optional_key(self, key: str) -> bool:
+        """Keys a pretrained checkpoint may lack or carry beyond this model."""
+        return False
+
+    def _load_pretrained(self, state_dict, source) -> None:
+        """Load backbone weights; any other mismatch than optional keys is an error
+        that names the keys (a wrong arch or setting would otherwise train from
+        half-random weights)."""
+        name = type(self).__name__
+        own = self.state_dict()
+        mismatched = [
+            f'{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}'
+            for k, v in state_dict.items() if k in own and v.shape != own[k].shape
+        ]
+        if mismatched:
+            raise ValueError(
+                f'{source!r} does not fit this {name}: {len(mismatched)} shape '
+                f'mismatches, e.g. {mismatched[:5]}. Check arch, attn_types, '
+                'la_sr_ratios, kernel_size and pretrain_img_size.')
+        missing = [k for k in own if k not in state_dict and not self._optional_key(k)]
+        unexpected = [
+            k for k in state_dict if k not in own and not self._optional_key(k)
+        ]
+        if missing or unexpected:
+            raise KeyError(
+                f'{source!r} does not fit this {name}: missing keys {missing[:8]} '
+                f'({len(missing)} in all), unexpected keys {unexpected[:8]} '
+                f'({len(unexpected)} in all). Check arch and attn_types.')
+        self.load_state_dict(
+            {k: v for k, v in state_dict.items() if k in own}, strict=False)
+        kept = [k for k in own if k not in state_dict]
+        logger = MMLogger.get_current_instance()
+        logger.info(f'{name}: loaded {len(own) - len(kept)} tensors from {source}'
+                    + (f'; kept the initial values of {kept}' if kept else ''))
 
     def _official_init(self) -> None:
         """The official scheme: trunc-normal(0.02) linears and position tables,

@@ -1,4 +1,5 @@
 """Pola-Swin: Swin v1 with polarity-aware linear attention stages, at any input size."""
+import re
 from functools import lru_cache
 from typing import Dict, Sequence, Union
 
@@ -271,6 +272,11 @@ class PolaSwin(PolaBackboneBase):
             yield x, hw_shape
             if stage.downsample is not None:
                 x, hw_shape = stage.downsample(x, hw_shape)
+
+    def _optional_key(self, key):
+        # classification checkpoints hold only the final norm; dense models add the
+        # other output norms (and may not use the final one)
+        return re.match(r'norm\d+\.', key) is not None
 
     def _stage_output(self, index, tokens):
         return getattr(self, f'norm{index}')(tokens)
