@@ -157,8 +157,9 @@ def convert_official_checkpoint(src: str, dst: str) -> Dict[str, torch.Tensor]:
 
 def load_backbone_weights(checkpoint: str, kind: str,
                           prefix: Optional[str] = None) -> Dict[str, torch.Tensor]:
-    """Backbone state dict from a converted file (prefix stripped), a bare backbone
-    state dict, or an official checkpoint (converted on the fly)."""
+    """Backbone state dict from a converted file (prefix stripped; without a prefix,
+    'backbone.' is stripped when present), a bare backbone state dict, or an official
+    checkpoint (converted on the fly)."""
     if not checkpoint:
         raise ValueError("init_cfg type='Pretrained' needs a 'checkpoint' path")
     state_dict = extract_state_dict(load_checkpoint_file(checkpoint),
@@ -166,8 +167,8 @@ def load_backbone_weights(checkpoint: str, kind: str,
     if detect_official_kind(state_dict) is not None:
         state_dict = convert_official_state_dict(state_dict, kind=kind)
         prefix = 'backbone.'
-    elif prefix is None and all(k.startswith('backbone.') for k in state_dict):
-        prefix = 'backbone.'
+    elif prefix is None and any(k.startswith('backbone.') for k in state_dict):
+        prefix = 'backbone.'  # a whole-model checkpoint (ours, or mmdet/mmseg/mmpretrain)
     if prefix:
         stripped = {
             k[len(prefix):]: v

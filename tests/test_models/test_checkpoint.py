@@ -67,13 +67,17 @@ def test_refuses_arbitrary_objects(tmp_path):
 
 
 @pytest.mark.parametrize('name', ['pola_pvt_micro_LLLL.pt', 'pola_swin_micro_LLSS.pt'])
-@pytest.mark.parametrize('target', ['converted', 'official', 'bare_official'])
+@pytest.mark.parametrize('target', ['converted', 'converted_no_prefix', 'official',
+                                    'bare_official'])
 def test_pretrained_init_cfg(golden_dir, tmp_path, name, target):
     data = load_golden(golden_dir, name)
     official = save_official(tmp_path / 'official.pth', data['state_dict'])
-    if target == 'converted':
+    prefix = 'backbone.'
+    if target.startswith('converted'):
         checkpoint = tmp_path / 'converted.pth'
         convert_official_checkpoint(str(official), str(checkpoint))
+        if target == 'converted_no_prefix':
+            prefix = None
     elif target == 'official':
         checkpoint = official
     else:
@@ -81,7 +85,7 @@ def test_pretrained_init_cfg(golden_dir, tmp_path, name, target):
         torch.save(data['state_dict'], checkpoint)
     backbone = _backbone(
         data, init_cfg=dict(type='Pretrained', checkpoint=str(checkpoint),
-                            prefix='backbone.'))
+                            prefix=prefix))
     backbone.init_weights()
     for ours, ref in zip(_raw_stages(backbone, data['input']), data['stage_outputs']):
         torch.testing.assert_close(ours, ref, rtol=0, atol=1e-4)
