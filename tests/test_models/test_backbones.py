@@ -14,8 +14,7 @@ SIZES = [(32, 32), (97, 131), (511, 511), (224, 320), (800, 1333)]
 
 
 def _expected_shapes(model, hw):
-    dims = ([model.arch['embed_dims'][i] for i in range(4)] if isinstance(
-        model, PolaPVT) else model.num_features)
+    dims = model.num_features
     return [(1, dims[i], math.ceil(hw[0] / 2**(i + 2)),
              math.ceil(hw[1] / 2**(i + 2))) for i in range(4)]
 

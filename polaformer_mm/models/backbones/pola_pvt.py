@@ -126,6 +126,7 @@ class PolaPVT(PolaBackboneBase):
         pretrain_img_size = to_2tuple(pretrain_img_size)
         self.arch = arch
         self.la_sr_ratios = tuple(la_sr_ratios)
+        self.num_features = list(arch['embed_dims'])
 
         dpr = drop_path_rates(drop_path_rate, arch['depths'])
         grid = [s // patch_size for s in pretrain_img_size]
