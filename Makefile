@@ -1,6 +1,6 @@
 # Set-up and tests. `make test` creates .venv (Python 3.11), installs the pinned stack and runs
 # pytest; a second call reuses what is done (the venv, and the cached mmcv wheel outside the repo).
-PYTHON ?= python3.11
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
@@ -12,6 +12,7 @@ PYTEST_ARGS ?=
 install: $(STAMP)
 
 $(PY):
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) and "the tested stack needs Python 3.11; set PYTHON=/path/to/python3.11")'
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): $(PY) requirements/build.txt requirements/runtime.txt requirements/tests.txt setup.py
