@@ -117,7 +117,10 @@ def test_with_cp_same_outputs_and_gradients(cls):
 @pytest.mark.parametrize('frozen_stages', [0, 1, 3])
 def test_frozen_stages(cls, stage_attr, frozen_stages):
     model = cls(arch='tiny', frozen_stages=frozen_stages)
+    frozen_at_build = {n for n, p in model.named_parameters() if not p.requires_grad}
     model.train()
+    assert frozen_at_build == {
+        n for n, p in model.named_parameters() if not p.requires_grad}
     stages = getattr(model, stage_attr)
     frozen = [stages[0].patch_embed if cls is PolaPVT else model.patch_embed]
     frozen += [stages[i] for i in range(frozen_stages)]

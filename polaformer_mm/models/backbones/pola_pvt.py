@@ -155,6 +155,7 @@ class PolaPVT(PolaBackboneBase):
                 PVTStage(prev_dims, dims, patch_size if i == 0 else 2, grid,
                          drop_rate, blocks))
             prev_dims = dims
+        self._freeze_stages()  # before any optimizer sees the parameters
 
     def _frozen_modules(self):
         if self.frozen_stages >= 0:

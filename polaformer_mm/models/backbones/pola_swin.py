@@ -253,6 +253,7 @@ class PolaSwin(PolaBackboneBase):
                 grid = [s // 2 for s in grid]
         for i in self.out_indices:
             self.add_module(f'norm{i}', nn.LayerNorm(self.num_features[i]))
+        self._freeze_stages()  # before any optimizer sees the parameters
 
     def _frozen_modules(self):
         if self.frozen_stages >= 0:
