@@ -119,12 +119,11 @@ class PolaLinearAttention(nn.Module):
             raise ValueError(
                 f'PolaLinearAttention expects (B, {H}*{W}, {self.embed_dims}) '
                 f'tokens for hw_shape {tuple(hw_shape)}; got {tuple(x.shape)}')
+        kv_hw = (H, W)
         if self.layout == 'swin':
             q, k, v, g = self.qkvg(x).reshape(B, N, 4, C).unbind(2)
-            kv_hw = (H, W)
         else:
             q, g = self.qg(x).reshape(B, N, 2, C).unbind(2)
-            kv_hw = (H, W)
             if self.reduction is not None:
                 x, kv_hw = self.reduction(x, hw_shape)
             k, v = self.kv(x).reshape(B, -1, 2, C).unbind(2)
