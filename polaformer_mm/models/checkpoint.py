@@ -12,6 +12,7 @@ import pickle
 import re
 from collections import OrderedDict
 from typing import Dict, Optional
+from urllib.parse import urlparse
 
 import torch
 
@@ -37,11 +38,30 @@ _CfgNodeStandIn.__module__ = 'yacs.config'
 _CfgNodeStandIn.__name__ = _CfgNodeStandIn.__qualname__ = 'CfgNode'
 
 
-def load_checkpoint_file(path: str) -> dict:
-    """``torch.load(path, weights_only=True)`` that also accepts a yacs config."""
-    path = os.fspath(path)
+def _local_path(path: str) -> str:
+    """A local file for ``path``; http(s) URLs are downloaded once into torch's hub
+    cache (``$TORCH_HOME/hub/checkpoints``), as mmengine does for its URLs."""
+    scheme = urlparse(path).scheme
+    if scheme in ('http', 'https'):
+        cached = osp.join(torch.hub.get_dir(), 'checkpoints',
+                          osp.basename(urlparse(path).path))
+        if not osp.isfile(cached):
+            os.makedirs(osp.dirname(cached), exist_ok=True)
+            torch.hub.download_url_to_file(path, cached, progress=False)
+        return cached
+    if len(scheme) > 1:  # not a Windows drive letter
+        raise ValueError(
+            f'checkpoint {path!r}: polaformer_mm reads local files and http(s) URLs, '
+            f'not {scheme}:// (a base config\'s model.pretrained? set it to None)')
     if not osp.isfile(path):
         raise FileNotFoundError(f'checkpoint file not found: {path!r}')
+    return path
+
+
+def load_checkpoint_file(path: str) -> dict:
+    """``torch.load(path, weights_only=True)`` that also accepts a yacs config.
+    ``path`` is a local file or an http(s) URL."""
+    path = _local_path(os.fspath(path))
     try:
         with torch.serialization.safe_globals([_CfgNodeStandIn]):
             return torch.load(path, map_location='cpu', weights_only=True)

@@ -144,3 +144,39 @@ def test_swin_output_norms_are_optional(golden_dir, tmp_path):
             torch.testing.assert_close(backbone.norm3.weight,
                                        data['state_dict']['norm.weight'])
             torch.testing.assert_close(backbone.norm0.weight.detach(), torch.ones(16))
+
+
+def test_checkpoint_from_an_http_url(golden_dir, tmp_path, monkeypatch):
+    """http(s) checkpoints are fetched once into torch's hub cache (a server on
+    this machine's loopback stands in for a remote host)."""
+    import functools
+    import http.server
+    import threading
+    data = load_golden(golden_dir, 'pola_pvt_micro_LLLL.pt')
+    serve_dir = tmp_path / 'served'
+    serve_dir.mkdir()
+    save_official(serve_dir / 'pola_official.pth', data['state_dict'])
+    monkeypatch.setenv('TORCH_HOME', str(tmp_path / 'torch_home'))
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler,
+                                directory=str(serve_dir))
+    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f'http://127.0.0.1:{server.server_address[1]}/pola_official.pth'
+        backbone = _backbone(data, init_cfg=dict(type='Pretrained', checkpoint=url))
+        backbone.init_weights()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert (tmp_path / 'torch_home' / 'hub' / 'checkpoints' / 'pola_official.pth').is_file()
+    for ours, ref in zip(_raw_stages(backbone, data['input']), data['stage_outputs']):
+        torch.testing.assert_close(ours, ref, rtol=0, atol=1e-4)
+
+
+def test_unsupported_scheme_is_named():
+    backbone = PolaPVT(pretrained='open-mmlab://resnet50_v1c')
+    with pytest.raises(ValueError, match='open-mmlab://resnet50_v1c.*pretrained'):
+        backbone.init_weights()
+    with pytest.raises(ValueError, match='not both'):
+        PolaPVT(pretrained='a.pth', init_cfg=dict(type='Pretrained', checkpoint='a.pth'))

@@ -1,6 +1,7 @@
 """What PolaPVT and PolaSwin share: stage freezing, gradient checkpointing,
 weight init and loading of official or converted checkpoints."""
-from typing import Dict, Sequence, Tuple, Union
+import warnings
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch.nn as nn
 import torch.utils.checkpoint as cp
@@ -30,6 +31,17 @@ class PolaBackboneBase(BaseModule):
     arch_zoo: Dict[str, dict] = {}
     _arch_keys: Tuple[str, ...] = ()
     _arch_defaults: dict = {}
+
+    def __init__(self, init_cfg=None, pretrained: Optional[str] = None):
+        # mmseg's EncoderDecoder hands the model-level ``pretrained`` to the backbone
+        if pretrained is not None:
+            if init_cfg is not None:
+                raise ValueError(f'{type(self).__name__}: set init_cfg or pretrained, '
+                                 'not both')
+            warnings.warn('pretrained is deprecated, use init_cfg=dict('
+                          "type='Pretrained', checkpoint=...)", DeprecationWarning)
+            init_cfg = dict(type='Pretrained', checkpoint=pretrained)
+        super().__init__(init_cfg=init_cfg)
 
     def _parse_arch(self, arch: Union[str, dict]) -> dict:
         name = type(self).__name__

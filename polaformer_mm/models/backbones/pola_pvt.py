@@ -1,5 +1,5 @@
 """Pola-PVT: PVT v1 with polarity-aware linear attention, at any input size."""
-from typing import Dict, Sequence, Union
+from typing import Dict, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
@@ -80,6 +80,8 @@ class PolaPVT(PolaBackboneBase):
             k >= 1 stages 0..k-1 in full.
         norm_eval (bool): keep BatchNorm layers (if any) in eval mode.
         with_cp (bool): gradient checkpointing per block.
+        pretrained (str, optional): deprecated, as in mmseg; the same as
+            ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)``.
     """
 
     kind = 'pvt'
@@ -112,8 +114,9 @@ class PolaPVT(PolaBackboneBase):
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
+                 pretrained: Optional[str] = None,
                  init_cfg=None):
-        super().__init__(init_cfg=init_cfg)
+        super().__init__(init_cfg=init_cfg, pretrained=pretrained)
         arch = self._parse_arch(arch)
         num_stages = len(arch['depths'])
         self._setup_stages(num_stages, attn_types, out_indices, frozen_stages,

@@ -1,7 +1,7 @@
 """Pola-Swin: Swin v1 with polarity-aware linear attention stages, at any input size."""
 import re
 from functools import lru_cache
-from typing import Dict, Sequence, Union
+from typing import Dict, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
@@ -175,6 +175,9 @@ class PolaSwin(PolaBackboneBase):
             ``norm{i}`` (``norm3`` is the official final norm).
         frozen_stages (int): -1 freezes nothing, 0 the patch embedding, k >= 1
             also stages 0..k-1 (with their downsampling and output norms).
+        norm_eval (bool), with_cp (bool): as for PolaPVT.
+        pretrained (str, optional): deprecated, as in mmseg; the same as
+            ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)``.
     """
 
     kind = 'swin'
@@ -209,8 +212,9 @@ class PolaSwin(PolaBackboneBase):
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
+                 pretrained: Optional[str] = None,
                  init_cfg=None):
-        super().__init__(init_cfg=init_cfg)
+        super().__init__(init_cfg=init_cfg, pretrained=pretrained)
         arch = self._parse_arch(arch)
         depths, num_heads = arch['depths'], arch['num_heads']
         num_stages = len(depths)
