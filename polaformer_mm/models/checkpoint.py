@@ -3,8 +3,8 @@
 Official files are ``{'model': state_dict, 'optimizer', 'lr_scheduler', 'max_accuracy',
 'epoch', 'config'}`` where 'config' is a pickled ``yacs.config.CfgNode``. They are read
 with ``torch.load(weights_only=True)``: the only addition to torch's allow-list is an inert
-stand-in for ``CfgNode`` (a plain dict subclass), so yacs need not be installed and no
-other object can be unpickled.
+stand-in for ``CfgNode`` (the node is read back as an OrderedDict), so yacs need not be
+installed and no other object can be unpickled.
 """
 import os
 import os.path as osp
