@@ -25,7 +25,7 @@ $(STAMP): $(PY) requirements/build.txt requirements/runtime.txt requirements/tes
 	touch $(STAMP)
 
 test: install
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

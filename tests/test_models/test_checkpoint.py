@@ -175,7 +175,8 @@ def test_checkpoint_from_an_http_url(golden_dir, tmp_path, monkeypatch):
 
 
 def test_unsupported_scheme_is_named():
-    backbone = PolaPVT(pretrained='open-mmlab://resnet50_v1c')
+    with pytest.warns(DeprecationWarning, match='pretrained is deprecated'):
+        backbone = PolaPVT(pretrained='open-mmlab://resnet50_v1c')
     with pytest.raises(ValueError, match='open-mmlab://resnet50_v1c.*pretrained'):
         backbone.init_weights()
     with pytest.raises(ValueError, match='not both'):
