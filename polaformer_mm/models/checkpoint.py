@@ -41,10 +41,10 @@ _CfgNodeStandIn.__name__ = _CfgNodeStandIn.__qualname__ = 'CfgNode'
 def _local_path(path: str) -> str:
     """A local file for ``path``; http(s) URLs are downloaded once into torch's hub
     cache (``$TORCH_HOME/hub/checkpoints``), as mmengine does for its URLs."""
-    scheme = urlparse(path).scheme
+    url = urlparse(path)
+    scheme = url.scheme
     if scheme in ('http', 'https'):
-        cached = osp.join(torch.hub.get_dir(), 'checkpoints',
-                          osp.basename(urlparse(path).path))
+        cached = osp.join(torch.hub.get_dir(), 'checkpoints', osp.basename(url.path))
         if not osp.isfile(cached):
             os.makedirs(osp.dirname(cached), exist_ok=True)
             torch.hub.download_url_to_file(path, cached, progress=False)
