@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.polaformer_mm-installed
 PYTEST_ARGS ?=
 
-.PHONY: install test clean-venv
+.PHONY: install test quickstart clean-venv
 
 install: $(STAMP)
 
@@ -26,6 +26,12 @@ $(STAMP): $(PY) requirements/build.txt requirements/runtime.txt requirements/tes
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The main job on built-in data: synthetic data, train + evaluate Mask R-CNN and Semantic FPN
+# with Pola-PVT-T, compare with the untrained model, write prediction images.
+QUICKSTART_ARGS ?=
+quickstart: install
+	$(PY) tools/quickstart.py $(QUICKSTART_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -1,0 +1,33 @@
+# Pola-PVT-T on ImageNet-1k, 224x224, with the official PolaFormer recipe of
+# ZacharyMeng/PolaFormer Polaformer/config.py (= mmpretrain's
+# `swin_transformer/swin-tiny_16xb64_in1k.py` recipe: 300 epochs, AdamW lr 1e-3 for 1024
+# images, wd 0.05, 20-epoch warm-up, cosine, clip 5.0, RandAugment, random erasing,
+# Mixup/CutMix, label smoothing 0.1), as 8 GPUs x 128 images. See
+# pola-swin-tiny_8xb128_in1k.py for the weight decay rules (PVT's 'pos_embed' keeps decay,
+# as in FLatten-PVT, whose no_weight_decay holds only 'cls_token').
+# NOTE: PolaFormer's per-model pola_pvt_*.yaml are not in the searchable index. Those of
+# FLatten-Transformer (cfgs/flatten_pvt_{t,s,m,b}.yaml, the code and README PolaFormer
+# copies) override the defaults for PVT: 5-epoch warm-up from 1e-6, min lr 1e-5, no
+# gradient clip for T/S and clip 1.0 for M/L, 128/64/64/32 images per GPU; not applied.
+# Drop path 0.1 (official PVT / FLatten-PVT).
+#
+# Evaluate a converted official checkpoint (tools/model_converters/official2mm.py):
+#   python tools/test.py configs/imagenet/pola-pvt-tiny_8xb128_in1k.py \
+#       checkpoints/pola_pvt_t_mm.pth
+# Test pipeline: short side 256 (bicubic), centre crop 224, as the official TEST.CROP.
+_base_ = 'mmpretrain::swin_transformer/swin-tiny_16xb64_in1k.py'
+
+custom_imports = dict(imports=['polaformer_mm'], allow_failed_imports=False)
+
+model = dict(
+    backbone=dict(
+        _delete_=True,
+        type='PolaPVT',
+        arch='tiny',
+        attn_types='LLLL',
+        drop_path_rate=0.1,
+        out_indices=(3, )),
+    head=dict(in_channels=512))
+
+# 8 GPUs x 128 images = 1024, the batch the recipe's lr is set for
+train_dataloader = dict(batch_size=128)

@@ -1,0 +1,12 @@
+# Softmax baseline, PVT protocol (see mask-rcnn_pvt-t_fpn_1x_coco.py): PVT v1-Medium
+# + Mask R-CNN FPN, COCO 1x, AdamW lr 1e-4 wd 1e-4. Only the backbone differs from -t.
+_base_ = './mask-rcnn_pvt-t_fpn_1x_coco.py'
+
+custom_imports = dict(imports=['polaformer_mm'], allow_failed_imports=False)
+
+model = dict(
+    backbone=dict(
+        num_layers=[3, 4, 18, 3],
+        init_cfg=dict(
+            checkpoint='https://github.com/whai362/PVT/'
+            'releases/download/v2/pvt_medium.pth')))

@@ -1,0 +1,9 @@
+# Softmax baseline, PVT protocol: mmdet's `pvt/retinanet_pvt-l_fpn_1x_coco.py` unchanged
+# (PVT v1-Large + RetinaNet FPN, COCO 1x, 8x2 images, 1333x800, AdamW lr 1e-4 wd 1e-4,
+# PVT paper / whai362/PVT detection/configs/retinanet_pvt_l_fpn_1x_coco.py).
+# `retinanet_pola-pvt-l_fpn_1x_coco.py` inherits this file and swaps the backbone.
+# mmdet's pvt-l config trains with AmpOptimWrapper (mixed precision); inherited as is,
+# and so also by the Pola-PVT-L config (Pola attention itself runs in float32).
+_base_ = 'mmdet::pvt/retinanet_pvt-l_fpn_1x_coco.py'
+
+custom_imports = dict(imports=['polaformer_mm'], allow_failed_imports=False)

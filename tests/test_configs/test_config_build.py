@@ -1,0 +1,309 @@
+"""Every config under configs/ (except ``_base_`` fragments) parses, names polaformer_mm
+in its own ``custom_imports`` and builds in its default scope. Pola configs also take
+their weights from ``checkpoints/pola_*_mm.pth``, feed their necks / heads the channels
+the backbone really produces (checked by a 64x64 forward), and differ from their softmax
+baseline in the backbone only.
+
+Each model is built once (``test_builds_and_channels_match``; configs with identical
+model dicts share one build); only parsed configs and check results are cached, so
+memory holds one model at a time.
+"""
+import ast
+import glob
+import importlib
+import importlib.util
+import json
+import os.path as osp
+import re
+from functools import lru_cache
+
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.registry import DefaultScope
+
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+CONFIG_DIR = osp.join(REPO, 'configs')
+POLA_TYPES = ('PolaPVT', 'PolaSwin')
+# someone else's folder: only the house rules (parse, imports, header, build) apply there
+RULES_ONLY = ('quickstart', )
+
+
+@pytest.fixture(scope='module', autouse=True)
+def _one_thread():
+    """Tiny forwards gain nothing from threads, and on a shared 2-core machine OpenMP
+    threads waiting on each other turn a 0.1 s forward into seconds."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _config_files():
+    files = []
+    for path in glob.glob(osp.join(CONFIG_DIR, '**', '*.py'), recursive=True):
+        rel = osp.relpath(path, CONFIG_DIR)
+        if '_base_' in rel.split(osp.sep)[:-1] or rel.startswith('_base_'):
+            continue
+        files.append(osp.relpath(path, REPO))
+    return sorted(files)
+
+
+CONFIGS = _config_files()
+
+
+@lru_cache(maxsize=None)
+def _load(path):
+    # Config.fromfile also imports the config's custom_imports (allow_failed=False)
+    return Config.fromfile(osp.join(REPO, path))
+
+
+def _registry(scope):
+    return importlib.import_module(f'{scope}.registry').MODELS
+
+
+def _is_pola(cfg):
+    return cfg.model.get('backbone', {}).get('type') in POLA_TYPES
+
+
+def _expected_checkpoint(backbone):
+    kind = 'pvt' if backbone['type'] == 'PolaPVT' else 'swin'
+    arch = backbone.get('arch', 'tiny')
+    assert isinstance(arch, str), 'configs should name a standard arch'
+    return f'checkpoints/pola_{kind}_{arch[0].lower()}_mm.pth'
+
+
+def _in_rules_only_folder(path):
+    return osp.relpath(osp.join(REPO, path), CONFIG_DIR).split(osp.sep)[0] in RULES_ONLY
+
+
+def test_found_configs():
+    assert len(CONFIGS) >= 50, CONFIGS
+    for folder in ('pola_pvt', 'pola_swin', 'imagenet'):
+        assert any(p.startswith(f'configs/{folder}/') for p in CONFIGS), folder
+
+
+@pytest.mark.parametrize('path', CONFIGS)
+def test_house_rules(path):
+    with open(osp.join(REPO, path)) as f:
+        text = f.read()
+    assert text.startswith('#'), 'a header comment names the protocol it follows'
+    # custom_imports in the file itself, not only inherited
+    own = {}
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == 'custom_imports' for t in node.targets):
+            own = eval(compile(ast.Expression(node.value), path, 'eval'),
+                       {'dict': dict})
+    assert 'polaformer_mm' in own.get('imports', []), 'custom_imports names polaformer_mm'
+    assert own.get('allow_failed_imports') is False
+    cfg = _load(path)
+    assert cfg.get('default_scope') in ('mmdet', 'mmseg', 'mmpretrain')
+    assert 'polaformer_mm' in cfg.custom_imports['imports']
+
+
+@pytest.mark.parametrize('path', CONFIGS)
+def test_pola_weights_under_checkpoints(path):
+    cfg = _load(path)
+    if not _is_pola(cfg) or _in_rules_only_folder(path):
+        pytest.skip('not a Pola config of ours')
+    backbone = cfg.model.backbone
+    expected = _expected_checkpoint(backbone)
+    init_cfg = backbone.get('init_cfg')
+    assert backbone.get('pretrained') is None and cfg.model.get('pretrained') is None
+    if cfg.default_scope in ('mmdet', 'mmseg'):
+        assert init_cfg == dict(type='Pretrained', checkpoint=expected)
+    else:
+        # ImageNet: from scratch (evaluate with tools/test.py CONFIG CKPT), or a
+        # fine-tuning run that loads the whole converted classifier
+        assert init_cfg is None
+        if '_ft-' in osp.basename(path):
+            assert cfg.load_from == expected
+        else:
+            assert cfg.get('load_from') is None
+
+
+def _baseline_of(path):
+    name = osp.basename(path)
+    if 'pola-' not in name:
+        return None
+    base = osp.join(osp.dirname(path), name.replace('pola-', '', 1))
+    return base if osp.exists(osp.join(REPO, base)) else None
+
+
+PAIRS = [(p, _baseline_of(p)) for p in CONFIGS if _baseline_of(p)]
+
+
+def test_every_dense_pola_config_has_a_baseline():
+    paired = {p for p, _ in PAIRS}
+    for path in CONFIGS:
+        if (osp.basename(path).split('_')[0] in ('mask-rcnn', 'retinanet', 'fpn', 'upernet')
+                and 'pola-' in path and not _in_rules_only_folder(path)):
+            assert path in paired, f'{path} has no softmax baseline next to it'
+
+
+@pytest.mark.parametrize('pola,baseline', PAIRS, ids=[p for p, _ in PAIRS])
+def test_pola_differs_from_baseline_in_backbone_only(pola, baseline):
+    a, b = _load(pola).to_dict(), _load(baseline).to_dict()
+    for cfg in (a, b):
+        cfg.pop('custom_imports')
+        cfg['model'].pop('backbone')
+        cfg['model'].pop('pretrained', None)
+    assert a == b
+
+
+def _check_channels(model, channels):
+    """Necks / heads that read backbone maps take the channels the backbone gives."""
+    neck = getattr(model, 'neck', None)
+    if neck is not None and hasattr(neck, 'in_channels'):
+        assert list(neck.in_channels) == channels
+        return 'neck'
+    for name in ('decode_head', 'auxiliary_head'):  # mmseg without a neck (UperNet)
+        head = getattr(model, name, None)
+        if head is None:
+            continue
+        if isinstance(head, torch.nn.ModuleList):
+            heads = list(head)
+        else:
+            heads = [head]
+        for h in heads:
+            idx = h.in_index
+            want = [channels[i] for i in idx] if isinstance(idx, (list, tuple)) else channels[idx]
+            got = list(h.in_channels) if isinstance(h.in_channels, (list, tuple)) \
+                else h.in_channels
+            assert got == want, f'{name}: {got} != {want}'
+    if hasattr(model, 'decode_head'):
+        return 'decode_head'
+    head = getattr(model, 'head', None)  # mmpretrain classifier after global pooling
+    assert head is not None and head.in_channels == channels[-1]
+    return 'head'
+
+
+# Configs whose model dicts are identical (Mask R-CNN 1x / 3x, ImageNet from-scratch /
+# fine-tuning) build the same model: build it once, keep only what the checks found.
+_BUILT = {}
+
+
+def _build_and_check(cfg):
+    key = (cfg.default_scope,
+           json.dumps(cfg.model.to_dict(), sort_keys=True, default=repr))
+    if key not in _BUILT:
+        registry = _registry(cfg.default_scope)
+        with DefaultScope.overwrite_default_scope(cfg.default_scope):
+            model = registry.build(cfg.model)
+        model.eval()
+        with torch.no_grad():
+            outs = model.backbone(torch.zeros(1, 3, 64, 64))
+        channels = [o.shape[1] for o in outs]
+        if _is_pola(cfg):
+            assert channels == [model.backbone.num_features[i]
+                                for i in model.backbone.out_indices]
+        if _is_pola(cfg):
+            _check_weight_decay(cfg, model)
+        _BUILT[key] = (channels, _check_channels(model, channels))
+    return _BUILT[key]
+
+
+def _check_weight_decay(cfg, model):
+    """The protocol decisions on weight decay, as the optimizer really applies them.
+
+    Swin dense protocol: no decay for norms, relative position tables and the Pola
+    positional encoding; PVT dense protocol: decay on everything (no paramwise rules);
+    ImageNet (official recipe): no decay for 1-D parameters, norms and relative position
+    tables, decay on the positional encoding. Pola 'power' and 'scale' always decay.
+    """
+    from mmengine.optim import build_optim_wrapper
+    wrapper_cfg = cfg.optim_wrapper.copy()
+    if wrapper_cfg.get('type') == 'AmpOptimWrapper':  # needs CUDA; decay rules are the same
+        wrapper_cfg['type'] = 'OptimWrapper'
+        for key in ('loss_scale', 'dtype', 'use_fsdp'):
+            wrapper_cfg.pop(key, None)
+    with DefaultScope.overwrite_default_scope(cfg.default_scope):
+        optim_wrapper = build_optim_wrapper(model, wrapper_cfg)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decay = {}
+    for group in optim_wrapper.optimizer.param_groups:
+        for param in group['params']:
+            decay[names[id(param)]] = group['weight_decay']
+    base = cfg.optim_wrapper.optimizer.weight_decay
+    paramwise = 'paramwise_cfg' in cfg.optim_wrapper
+    backbone = {n[len('backbone.'):]: d for n, d in decay.items()
+                if n.startswith('backbone.')}
+    assert backbone
+    for name, value in backbone.items():
+        leaf = name.split('.')[-1]
+        owner = name.split('.')[-2] if '.' in name else ''
+        if leaf in ('power', 'scale') or not paramwise:
+            want = base
+        elif leaf == 'relative_position_bias_table' or 'norm' in owner:
+            want = 0.
+        elif leaf == 'positional_encoding':
+            want = base if cfg.default_scope == 'mmpretrain' else 0.
+        elif leaf == 'bias':
+            want = 0. if cfg.default_scope == 'mmpretrain' else base
+        else:
+            want = base
+        assert value == want, f'{name}: weight decay {value}, expected {want}'
+
+
+@pytest.mark.parametrize('path', CONFIGS)
+def test_builds_and_channels_match(path):
+    channels, checked = _build_and_check(_load(path))
+    assert channels and checked
+
+
+def test_checkpoint_names_follow_converter():
+    """The paths the configs use are those the README tells official2mm.py to write."""
+    names = set()
+    for path in CONFIGS:
+        with open(osp.join(REPO, path)) as f:
+            names.update(re.findall(r'checkpoints/pola_\w+?_mm\.pth', f.read()))
+    assert names <= {f'checkpoints/pola_pvt_{s}_mm.pth' for s in 'tsml'} | {
+        f'checkpoints/pola_swin_{s}_mm.pth' for s in 'tsb'}
+    assert len(names) == 7
+
+
+@pytest.fixture
+def flop_table():
+    """get_flops.py adds counters to mmengine's default FLOP table; restore it."""
+    from mmengine.analysis import complexity_analysis
+    table = complexity_analysis._DEFAULT_SUPPORTED_FLOP_OPS
+    saved = dict(table)
+    yield
+    table.clear()
+    table.update(saved)
+
+
+def _get_flops_tool():
+    spec = importlib.util.spec_from_file_location(
+        'get_flops', osp.join(REPO, 'tools', 'analysis_tools', 'get_flops.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize('path,options', [
+    ('configs/pola_pvt/mask-rcnn_pola-pvt-t_fpn_1x_coco.py', None),
+    ('configs/pola_pvt/mask-rcnn_pola-pvt-t_fpn_1x_coco.py',
+     {'model.backbone.attn_types': 'LLSS', 'model.backbone.la_sr_ratios': [8, 4, 2, 1]}),
+    ('configs/pola_swin/upernet_pola-swin-t_8xb2-160k_ade20k-512x512.py', None),
+])
+def test_get_flops_counts_the_attention(path, options, flop_table):
+    """tools/analysis_tools/get_flops.py counts every non-elementwise operator of the Pola
+    backbones, the attention products included (matmul; SDPA in 'S' PVT stages)."""
+    tool = _get_flops_tool()
+    (row, ) = tool.run([osp.join(REPO, path)], (64, 96), False, options)
+    assert row['uncounted'] == [] and row['shape'] == '64x96'
+    cfg = _load(path).copy()
+    if options:
+        cfg.merge_from_dict(options)
+    with DefaultScope.overwrite_default_scope(cfg.default_scope):
+        backbone = _registry(cfg.default_scope).build(cfg.model.backbone)
+    backbone.eval()
+    assert row['params'] == sum(p.numel() for p in backbone.parameters())
+    from mmengine.analysis import FlopAnalyzer
+    analyzer = FlopAnalyzer(backbone, (torch.randn(1, 3, 64, 96), ))
+    analyzer.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
+    attention = ('aten::matmul', 'aten::scaled_dot_product_attention')
+    analyzer.set_op_handle(**{op: (lambda inputs, outputs: 0) for op in attention})
+    assert row['flops'] > analyzer.total() > 0

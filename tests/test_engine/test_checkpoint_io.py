@@ -1,0 +1,79 @@
+"""Runner checkpoints under torch's weights-only loading."""
+import io
+import os
+import pickle
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+import torch
+from mmengine.logging import HistoryBuffer
+
+from polaformer_mm.engine import (restore_runner_state, runner_checkpoint_globals,
+                                  to_weights_only_safe)
+
+
+def _message_hub_state():
+    buf = HistoryBuffer([0.5, 0.25, 0.125], [1, 1, 2], max_length=10)
+    return OrderedDict(
+        log_scalars=OrderedDict({'train/loss': buf}),
+        runtime_info=OrderedDict(eta=np.float64(1.5), iter=np.int64(3), seed=7,
+                                 arr=np.arange(3), dataset_meta=dict(classes=('a', 'b'))),
+        resumed_keys=OrderedDict(eta=False))
+
+
+def _save(obj):
+    f = io.BytesIO()
+    torch.save(obj, f)
+    f.seek(0)
+    return f
+
+
+def test_plain_mmengine_state_is_refused_without_allowlist():
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(_save({'message_hub': _message_hub_state()}), weights_only=True)
+
+
+def test_safe_encoding_loads_weights_only_and_restores_buffers():
+    ckpt = {'message_hub': to_weights_only_safe(_message_hub_state())}
+    loaded = torch.load(_save(ckpt), weights_only=True)  # no allowlist at all
+    hub = restore_runner_state(loaded['message_hub'])
+    buf = hub['log_scalars']['train/loss']
+    assert isinstance(buf, HistoryBuffer)
+    np.testing.assert_allclose(buf.data[0], [0.5, 0.25, 0.125])
+    np.testing.assert_array_equal(buf.data[1], [1, 1, 2])
+    assert buf.max_length == 10
+    assert hub['runtime_info']['eta'] == 1.5 and isinstance(hub['runtime_info']['eta'], float)
+    assert hub['runtime_info']['iter'] == 3
+    assert torch.equal(hub['runtime_info']['arr'], torch.arange(3))
+    assert hub['runtime_info']['dataset_meta'] == dict(classes=('a', 'b'))
+
+
+def test_plain_mmengine_checkpoint_loads_with_allowlist():
+    f = _save({'message_hub': _message_hub_state(), 'meta': {'eta': np.float32(2.0)}})
+    with runner_checkpoint_globals():
+        loaded = torch.load(f, weights_only=True)
+    hub = restore_runner_state(loaded['message_hub'])
+    buf = hub['log_scalars']['train/loss']
+    assert isinstance(buf, HistoryBuffer)
+    assert buf.mean() == pytest.approx((0.5 + 0.25 + 0.125) / 4)  # count-weighted
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ('echo should-not-run',))
+
+
+def test_allowlist_still_refuses_code():
+    f = _save({'state_dict': {}, 'meta': _Exploit()})
+    with runner_checkpoint_globals(), pytest.raises(pickle.UnpicklingError, match='system'):
+        torch.load(f, weights_only=True)
+
+
+def test_allowlist_is_scoped():
+    f = _save({'x': np.float64(1.0)})
+    with runner_checkpoint_globals():
+        torch.load(f, weights_only=True)
+    f.seek(0)
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(f, weights_only=True)

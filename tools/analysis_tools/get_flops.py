@@ -1,0 +1,259 @@
+#!/usr/bin/env python
+"""Parameters and FLOPs of the models of one or more configs, as a table.
+
+    python tools/analysis_tools/get_flops.py CONFIG [CONFIG ...] [--shape H [W]]
+        [--backbone-only | --whole-model] [--threads N] [--cfg-options k=v ...]
+
+By default only the backbone is measured (``--backbone-only``), on one 3 x H x W image:
+800 x 1333 for mmdet configs, 512 x 512 for mmseg, 224 x 224 for mmpretrain (``--shape``
+sets one size for all; a single value means a square). ``--whole-model`` measures
+what a tensor-only forward covers: the classifier up to its logits (mmpretrain), the
+segmentor up to the decode head's logits, without the training-only auxiliary head
+(mmseg), and backbone + neck (mmdet: the cost of detection heads depends on the
+proposals and is not counted). The params column counts the measured part (mmseg:
+the whole segmentor, auxiliary head included).
+
+Counting is mmengine's ``get_model_complexity_info`` (jit trace): one multiply-add is
+one FLOP for convolutions, linear layers and matrix products (the convention of the
+PVT, Swin and PolaFormer papers), plus mmengine's norm / upsampling counters.
+Elementwise operations (powers, activations, softmax, sums) are not counted. The
+polarity-aware attention is ``torch.matmul`` (counted by default); this tool also
+registers counters for ``aten::scaled_dot_product_attention`` (Pola-PVT 'S' stages),
+``aten::baddbmm``, bicubic upsampling (the resized Pola positional encodings) and 1-D
+linear upsampling (Pola values stretched when keys are spatially reduced), and
+prints any other non-elementwise operator the trace met but could not count.
+
+Backbones with the same settings at the same size are measured once. Pretrained
+weights are never loaded. Examples:
+
+    python tools/analysis_tools/get_flops.py configs/pola_pvt/mask-rcnn_*_fpn_1x_coco.py
+    python tools/analysis_tools/get_flops.py CONFIG --shape 800 1280 --threads 1
+"""
+import argparse
+import importlib
+import json
+import logging
+import os.path as osp
+import sys
+from typing import Dict, List, Optional, Tuple
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+
+import polaformer_mm  # noqa: E402,F401  (registers the Pola backbones; before torchvision)
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+from mmengine.analysis import get_model_complexity_info  # noqa: E402
+from mmengine.analysis import complexity_analysis  # noqa: E402
+from mmengine.analysis.jit_handles import (bmm_flop_jit,  # noqa: E402
+                                           elementwise_flop_counter, get_shape)
+from mmengine.config import Config, DictAction  # noqa: E402
+from mmengine.logging import MMLogger  # noqa: E402
+from mmengine.registry import DefaultScope  # noqa: E402
+
+DEFAULT_SHAPES = {'mmdet': (800, 1333), 'mmseg': (512, 512), 'mmpretrain': (224, 224)}
+
+# Not counted by convention (elementwise, reductions, data movement). Any other operator
+# the trace meets without a counter is reported under the table.
+ELEMENTWISE_OPS = {
+    'aten::' + name
+    for name in ('abs add add_ div div_ exp gelu mean mul mul_ neg pow reciprocal rsub '
+                 'sigmoid silu softmax softplus sqrt sub sum where fill_ ne __or__ '
+                 '__and__ lt le bitwise_or im2col col2im pad unflatten clone '
+                 'log_softmax tanh hardtanh erf lift_fresh any all argmax '
+                 'feature_dropout max_pool2d avg_pool2d sort topk').split()
+}
+
+
+def sdpa_flop_jit(inputs, outputs):
+    """q (..., N, d) k (..., n, d) v (..., n, dv): N*n*d for q k^T, N*n*dv for the
+    weighted sum (multiply-adds), times the batch dims."""
+    q, k, v = (get_shape(x) for x in inputs[:3])
+    batch = 1
+    for size in q[:-2]:
+        batch *= size
+    return batch * q[-2] * k[-2] * (q[-1] + v[-1])
+
+
+def baddbmm_flop_jit(inputs, outputs):
+    # baddbmm(input, batch1, batch2, beta, alpha): the product is batch1 @ batch2
+    return bmm_flop_jit(inputs[1:3], outputs)
+
+
+EXTRA_FLOP_OPS = {
+    'aten::scaled_dot_product_attention': sdpa_flop_jit,
+    'aten::baddbmm': baddbmm_flop_jit,
+    'aten::upsample_bicubic2d': elementwise_flop_counter(0, 16),
+    # values stretched to the query length for the local conv when keys are reduced
+    'aten::upsample_linear1d': elementwise_flop_counter(0, 2),
+}
+
+
+def register_extra_flop_ops() -> None:
+    """Add our counters to the table every mmengine FlopAnalyzer starts from (which
+    get_model_complexity_info builds internally); existing entries are kept."""
+    table = complexity_analysis._DEFAULT_SUPPORTED_FLOP_OPS
+    for name, handle in EXTRA_FLOP_OPS.items():
+        table.setdefault(name, handle)
+
+
+class _UnsupportedOps(logging.Handler):
+    """Collects the 'Unsupported operator X encountered N time(s)' log records."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.ops = set()
+
+    def emit(self, record):
+        msg = record.getMessage()
+        if msg.startswith('Unsupported operator '):
+            self.ops.add(msg.split()[2])
+
+
+class _TensorForward(nn.Module):
+    """Wraps the part of a model that is measured so that forward(image) runs it."""
+
+    def __init__(self, model: nn.Module, scope: str, whole: bool):
+        super().__init__()
+        self.model = model
+        self.scope = scope
+        self.whole = whole
+
+    def forward(self, x):
+        if not self.whole:
+            return self.model(x)
+        if self.scope == 'mmdet':
+            return self.model.extract_feat(x)
+        return self.model(x, mode='tensor')
+
+
+def _scope_registry(scope: str):
+    return importlib.import_module(f'{scope}.registry').MODELS
+
+
+def _backbone_key(cfg: Config, whole: bool) -> str:
+    part = cfg.model.to_dict() if whole else cfg.model.backbone.to_dict()
+    part.pop('init_cfg', None)
+    part.pop('pretrained', None)
+    return json.dumps(part, sort_keys=True, default=repr)
+
+
+def _describe(cfg: Config) -> str:
+    backbone = cfg.model.backbone
+    kind = str(backbone.type).split('.')[-1]
+    if 'arch' in backbone:
+        return f"{kind} {backbone.arch}"
+    for key in ('num_layers', 'depths'):
+        if key in backbone:
+            width = f" C={backbone.embed_dims}" if 'embed_dims' in backbone else ''
+            return f'{kind}{width} {list(backbone[key])}'
+    return kind
+
+
+def measure(cfg: Config, shape: Tuple[int, int], whole: bool) -> dict:
+    scope = cfg.get('default_scope')
+    if scope not in DEFAULT_SHAPES:
+        raise ValueError(f'default_scope {scope!r} is not one of {list(DEFAULT_SHAPES)}')
+    registry = _scope_registry(scope)
+    with DefaultScope.overwrite_default_scope(scope):
+        model = registry.build(cfg.model if whole else cfg.model.backbone)
+    model.eval()  # some backbones' train() returns None: do not chain
+    wrapped = _TensorForward(model, scope, whole).eval()
+    # parameters of the measured part (mmdet whole model: backbone + neck)
+    counted = ([model.backbone, model.neck]
+               if whole and scope == 'mmdet' and model.with_neck else [model])
+    params = sum(p.numel() for m in counted for p in m.parameters())
+
+    # the analyzers log every unsupported operator (elementwise ones included) and
+    # uncalled module: collect the former instead of printing them
+    logger = MMLogger.get_current_instance()
+    catcher = _UnsupportedOps()
+    handlers, logger.handlers = logger.handlers, [catcher]
+    try:
+        with torch.no_grad():
+            info = get_model_complexity_info(
+                wrapped,
+                inputs=(torch.randn(1, 3, *shape), ),
+                show_table=False,
+                show_arch=False)
+    finally:
+        logger.handlers = handlers
+    table = complexity_analysis._DEFAULT_SUPPORTED_FLOP_OPS
+    uncounted = sorted(op for op in catcher.ops
+                       if op not in table and op not in ELEMENTWISE_OPS)
+    return dict(params=params, flops=info['flops'], uncounted=uncounted)
+
+
+def _fmt_shape(shape):
+    return f'{shape[0]}x{shape[1]}'
+
+
+def run(configs: List[str], shape: Optional[Tuple[int, int]], whole: bool,
+        cfg_options: Optional[dict] = None) -> List[dict]:
+    register_extra_flop_ops()
+    rows, cache = [], {}
+    for path in configs:
+        cfg = Config.fromfile(path)  # imports the config's custom_imports
+        if cfg_options:
+            cfg.merge_from_dict(cfg_options)
+        scope = cfg.get('default_scope')
+        size = shape or DEFAULT_SHAPES.get(scope)
+        key = (scope, _backbone_key(cfg, whole), tuple(size or ()))
+        if key not in cache:
+            cache[key] = measure(cfg, tuple(size), whole)
+        part = ('backbone' if not whole else
+                {'mmdet': 'backbone+neck'}.get(scope, 'model'))
+        rows.append(dict(config=path, backbone=_describe(cfg), part=part,
+                         shape=_fmt_shape(size), **cache[key]))
+    return rows
+
+
+def format_table(rows: List[dict]) -> str:
+    lines = ['| config | backbone | measured | input (HxW) | params (M) | FLOPs (G) |',
+             '|---|---|---|---|---:|---:|']
+    for r in rows:
+        lines.append(f"| {r['config']} | {r['backbone']} | {r['part']} | {r['shape']} | "
+                     f"{r['params'] / 1e6:.2f} | {r['flops'] / 1e9:.2f} |")
+    notes: Dict[str, List[str]] = {}
+    for r in rows:
+        for op in r['uncounted']:
+            notes.setdefault(op, []).append(r['config'])
+    for op, paths in notes.items():
+        lines.append(f'\nnot counted: {op} (in {len(paths)} config(s), e.g. {paths[0]})')
+    return '\n'.join(lines)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description='Parameters and FLOPs of the backbone (or model) of configs')
+    p.add_argument('configs', nargs='+', metavar='CONFIG', help='config file(s)')
+    p.add_argument('--shape', type=int, nargs='+', metavar='SIZE',
+                   help='input H W (or one value for a square); default per config: '
+                   '800x1333 mmdet, 512x512 mmseg, 224x224 mmpretrain')
+    part = p.add_mutually_exclusive_group()
+    part.add_argument('--backbone-only', action='store_true',
+                      help='measure the backbone only (the default)')
+    part.add_argument('--whole-model', action='store_true',
+                      help='measure the tensor-only forward of the model (mmdet: '
+                      'backbone + neck)')
+    p.add_argument('--threads', type=int, default=None,
+                   help='torch CPU threads (1 avoids OpenMP stalls on a busy machine)')
+    p.add_argument('--cfg-options', nargs='+', action=DictAction,
+                   help='override config keys, e.g. model.backbone.attn_types=LLSS')
+    args = p.parse_args(argv)
+    if args.shape is not None:
+        if len(args.shape) not in (1, 2):
+            p.error('--shape takes H W or one size')
+        args.shape = tuple(args.shape * 2 if len(args.shape) == 1 else args.shape)
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows = run(args.configs, args.shape, args.whole_model, args.cfg_options)
+    print(format_table(rows))
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,52 @@
+#!/usr/bin/env python
+"""Evaluate a checkpoint with any config of this project.
+
+    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out FILE] [--show]
+                         [--show-dir DIR] [--cfg-options k=v ...] [--launcher ...]
+
+--out: detection/classification results as a .pkl; segmentation: a folder of
+prediction PNGs. --show-dir: images with predictions drawn.
+"""
+import argparse
+import os.path as osp
+import sys
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+import polaformer_mm  # noqa: E402,F401  (before torchvision; registers the runner)
+from mmengine.config import DictAction  # noqa: E402
+from polaformer_mm.engine import entry  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description='Test a checkpoint with a polaformer_mm config')
+    p.add_argument('config', help='config file (mmdet, mmseg or mmpretrain)')
+    p.add_argument('checkpoint', help='checkpoint file (path or URL)')
+    p.add_argument('--work-dir', help='where the evaluation log goes')
+    p.add_argument('--out', help='dump predictions (.pkl; a folder for segmentation)')
+    p.add_argument('--show', action='store_true', help='show predictions in a window')
+    p.add_argument('--show-dir', help='write images with predictions drawn here')
+    p.add_argument('--wait-time', type=float, default=2, help='seconds between shown images')
+    p.add_argument('--cfg-options', nargs='+', action=DictAction,
+                   help='override config keys')
+    p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
+    p.add_argument('--local_rank', '--local-rank', type=int, default=None)
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    entry.setup_local_rank(args.local_rank)
+    cfg = entry.load_config(args.config, args.cfg_options)
+    entry.prepare_test_config(cfg, args.config, args.checkpoint, work_dir=args.work_dir,
+                              out=args.out, show=args.show, show_dir=args.show_dir,
+                              wait_time=args.wait_time, launcher=args.launcher)
+    try:
+        runner = entry.build_runner(cfg)
+        return runner.test()
+    finally:
+        entry.finish()
+
+
+if __name__ == '__main__':
+    main()

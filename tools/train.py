@@ -1,0 +1,54 @@
+#!/usr/bin/env python
+"""Train a detector, segmentor or classifier from any config of this project.
+
+    python tools/train.py CONFIG [--work-dir DIR] [--resume [CKPT]] [--amp]
+                                 [--auto-scale-lr] [--cfg-options k=v ...]
+                                 [--launcher {none,pytorch,slurm,mpi}]
+
+Multi-process: tools/dist_train.sh CONFIG NPROC (torchrun; works on CPUs with gloo).
+"""
+import argparse
+import os.path as osp
+import sys
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+import polaformer_mm  # noqa: E402,F401  (before torchvision; registers the runner)
+from mmengine.config import DictAction  # noqa: E402
+from polaformer_mm.engine import entry  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description='Train with a polaformer_mm config')
+    p.add_argument('config', help='config file (mmdet, mmseg or mmpretrain)')
+    p.add_argument('--work-dir', help='where logs and checkpoints go '
+                   '(default ./work_dirs/<config name>)')
+    p.add_argument('--resume', nargs='?', const='auto', default=None, metavar='CKPT',
+                   help='resume from CKPT, or without a value from the latest '
+                   'checkpoint in the work dir')
+    p.add_argument('--amp', action='store_true', help='mixed precision (CUDA)')
+    p.add_argument('--auto-scale-lr', action='store_true',
+                   help='scale the lr by the real batch size (auto_scale_lr in the config)')
+    p.add_argument('--cfg-options', nargs='+', action=DictAction,
+                   help='override config keys, e.g. train_cfg.max_epochs=1')
+    p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
+    p.add_argument('--local_rank', '--local-rank', type=int, default=None)
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    entry.setup_local_rank(args.local_rank)
+    cfg = entry.load_config(args.config, args.cfg_options)
+    entry.prepare_train_config(cfg, args.config, work_dir=args.work_dir, resume=args.resume,
+                               amp=args.amp, auto_scale_lr=args.auto_scale_lr,
+                               launcher=args.launcher)
+    try:
+        runner = entry.build_runner(cfg)
+        runner.train()
+    finally:
+        entry.finish()
+
+
+if __name__ == '__main__':
+    main()
