@@ -5,7 +5,11 @@ model, pipeline transforms, optimizer and metric; only data paths, class count, 
 sizes, batch sizes, schedule length and pretrained-weight paths change.
 """
 import copy
+import json
+import os
 import os.path as osp
+
+import cv2
 
 from polaformer_mm.datasets import SYNTHETIC_CLASSES, generate_synthetic_dataset
 
@@ -59,31 +63,25 @@ def _set_num_classes(node, n):
 def smoke_config(cfg, data_root, work_dir):
     """Adapt ``cfg`` (an mmdet or mmseg config) in place; returns it."""
     scope = cfg.default_scope
-    cfg.work_dir = str(work_dir)
-    cfg.launcher = 'none'
-    cfg.setdefault('runner_type', 'PolaRunner')
-    cfg.load_from = None
-    cfg.resume = False
+    _runtime(cfg, work_dir)
     backbone = cfg.model.backbone
-    backbone.init_cfg = None
     if 'pretrained' in backbone:
         backbone.pretrained = None
     if 'pretrained' in cfg.model:
         cfg.model.pretrained = None
     for split, subset in (('train', 'train'), ('val', 'val'), ('test', 'val')):
-        loader = cfg[f'{split}_dataloader']
-        loader.batch_size = 1
-        loader.num_workers = 0
-        loader.persistent_workers = False
+        # segmentation heads with BN on pooled maps (UperNet's PPM) need 2 images
+        n = 2 if scope == 'mmseg' and split == 'train' else 1
+        loader = _small_loader(cfg, split, n)
         ds = _innermost(loader.dataset)
         ds.data_root = data_root
-        ds.indices = 1
+        ds.indices = n
         ds.pipeline = _shrink_pipeline(ds.pipeline)
         if scope == 'mmdet':
             ds.ann_file = f'annotations/instances_{subset}.json'
             ds.data_prefix = dict(img=f'images/{subset}/')
             ds.metainfo = dict(classes=SYNTHETIC_CLASSES)
-        else:  # ADE20K-style: background (0) ignored, shapes are classes 0..2
+        elif ds.type == 'ADE20KDataset':  # background (0) ignored, shapes are classes 0..2
             # (ADE20KDataset only accepts subsets of its 150 names; its parent reads any)
             ds.type = 'BaseSegDataset'
             ds.data_prefix = dict(img_path=f'images/{subset}', seg_map_path=f'seg_maps/{subset}')
@@ -96,9 +94,33 @@ def smoke_config(cfg, data_root, work_dir):
         for ev in evaluators:
             if 'ann_file' in ev:
                 ev.ann_file = osp.join(data_root, 'annotations/instances_val.json')
-    _set_num_classes(cfg.model, len(SYNTHETIC_CLASSES))
+    if scope == 'mmdet' or 'ade20k' in cfg.filename:  # the quickstart's own classes stay
+        _set_num_classes(cfg.model, len(SYNTHETIC_CLASSES))
     if scope == 'mmseg' and 'size' in cfg.model.data_preprocessor:
         cfg.model.data_preprocessor.size = (SMALL, SMALL)
+    _one_step(cfg)
+    return cfg
+
+
+def _runtime(cfg, work_dir):
+    cfg.work_dir = str(work_dir)
+    cfg.launcher = 'none'
+    cfg.setdefault('runner_type', 'PolaRunner')
+    cfg.load_from = None
+    cfg.resume = False
+    cfg.model.backbone.init_cfg = None
+
+
+def _small_loader(cfg, split, batch_size):
+    loader = cfg[f'{split}_dataloader']
+    loader.batch_size = batch_size
+    loader.num_workers = 0
+    loader.persistent_workers = False
+    return loader
+
+
+def _one_step(cfg):
+    """One training iteration, then one validation pass; no checkpoints."""
     if cfg.train_cfg.get('type') == 'IterBasedTrainLoop' or 'max_iters' in cfg.train_cfg:
         cfg.train_cfg.max_iters = 1
     else:
@@ -107,4 +129,50 @@ def smoke_config(cfg, data_root, work_dir):
     cfg.default_hooks.logger.interval = 1
     cfg.default_hooks.checkpoint.interval = 10**9
     cfg.default_hooks.checkpoint.save_last = False
+
+
+def classification_root(tmp_root):
+    """Crops of the synthetic shapes in class folders (``{train,val}/<class>/*.jpg``), the
+    layout mmpretrain's ``CustomDataset`` reads."""
+    det_root = synthetic_root(tmp_root)
+    root = osp.join(str(tmp_root), 'synthetic_cls')
+    if osp.isdir(root):
+        return root + '/'
+    for split in ('train', 'val'):
+        with open(osp.join(det_root, f'annotations/instances_{split}.json')) as f:
+            coco = json.load(f)
+        files = {im['id']: im['file_name'] for im in coco['images']}
+        names = {c['id']: c['name'] for c in coco['categories']}
+        for ann in coco['annotations']:
+            x, y, w, h = ann['bbox']
+            img = cv2.imread(osp.join(det_root, 'images', split, files[ann['image_id']]))
+            out = osp.join(root, split, names[ann['category_id']])
+            os.makedirs(out, exist_ok=True)
+            cv2.imwrite(osp.join(out, f"{ann['id']:06d}.jpg"), img[y:y + h, x:x + w])
+    return root + '/'
+
+
+def _shrink_cls_transform(t, size=64):
+    t = copy.deepcopy(t)
+    if t['type'] in ('RandomResizedCrop', 'ResizeEdge') and isinstance(t.get('scale'), int):
+        t['scale'] = size if t['type'] == 'RandomResizedCrop' else size + size // 8
+    if 'crop_size' in t:
+        t['crop_size'] = size
+    return t
+
+
+def smoke_classification_config(cfg, data_root, work_dir):
+    """An mmpretrain config on the synthetic crops: one iteration, one validation pass."""
+    _runtime(cfg, work_dir)
+    for split, subset in (('train', 'train'), ('val', 'val'), ('test', 'val')):
+        loader = _small_loader(cfg, split, 2)
+        pipeline = [_shrink_cls_transform(t) for t in loader.dataset.pipeline]
+        loader.dataset = dict(type='CustomDataset', data_root=data_root, data_prefix=subset,
+                              with_label=True, indices=2, pipeline=pipeline)
+    _one_step(cfg)
+    # the 20-epoch warm-up and the cosine after it, both squeezed into the one epoch
+    schedulers = cfg.param_scheduler
+    for s in schedulers if isinstance(schedulers, list) else [schedulers]:
+        s.pop('begin', None)
+        s.pop('end', None)
     return cfg

@@ -63,6 +63,8 @@ def _config(task, work_dir, data_root, phase, cfg_options):
     cfg = entry.load_config(path, cfg_options)
     _set_data_root(cfg, data_root)
     cfg.experiment_name = f'{task}_{phase}_{time.strftime("%Y%m%d_%H%M%S")}'
+    # visualizers are named singletons: one per phase, so each writes to its own folder
+    cfg.visualizer.name = cfg.experiment_name
     return cfg, path
 
 
@@ -84,6 +86,7 @@ def run_task(task, args):
     cfg, path = _config(task, wd, args.data_root, 'train', args.cfg_options)
     entry.prepare_train_config(cfg, path, work_dir=osp.join(wd, 'train'))
     cfg.train_cfg.val_interval = 10**9
+    cfg.train_cfg.val_begin = 10**9  # mmengine also validates after the last epoch/iteration
     t0 = time.time()
     runner = entry.build_runner(cfg)
     runner.train()

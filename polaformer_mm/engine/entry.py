@@ -100,12 +100,12 @@ def _enable_visualization(cfg, task, show, show_dir, wait_time):
         vis.update(draw=True, show=show, wait_time=wait_time)
         if show_dir:
             vis.test_out_dir = show_dir
-    elif task == 'mmseg':
-        vis.update(draw=True, show=show, wait_time=wait_time)
+    elif task == 'mmseg':  # its hook draws every `interval`-th image (50 by default)
+        vis.update(draw=True, show=show, wait_time=wait_time, interval=1)
         if show_dir:
             cfg.visualizer.save_dir = show_dir
     else:
-        vis.update(enable=True, show=show, wait_time=wait_time)
+        vis.update(enable=True, show=show, wait_time=wait_time, interval=1)
         if show_dir:
             vis.out_dir = show_dir
 

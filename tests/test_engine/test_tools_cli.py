@@ -67,7 +67,7 @@ def test_outside_config_trains_and_tests(data_root, tmp_path):
     cfg.write_text(textwrap.dedent(OUTSIDE_CONFIG.format(root=data_root)))
     out = _run([osp.join(REPO, 'tools/train.py'), str(cfg), '--work-dir', 'wd'], tmp_path)
     assert 'Epoch(train) [1][2/2]' in out
-    assert 'Epoch(val) [2/2]' in out
+    assert 'Epoch(val) [1][2/2]' in out
     ckpt = tmp_path / 'wd' / 'epoch_1.pth'
     assert ckpt.is_file()
 

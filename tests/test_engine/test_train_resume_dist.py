@@ -150,8 +150,7 @@ def test_torchrun_two_processes_on_cpu(data_root, tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert 'Distributed training on CPUs' in out, out[-2000:]
-    assert 'world_size: 2' in out.replace('World_size', 'world_size') or \
-        'Distributed: True' in out, out[-2000:]
+    assert 'Distributed training: True' in out, out[-2000:]
     assert 'mIoU' in out
     ckpts = glob.glob(str(tmp_path / 'wd' / 'iter_3.pth'))
     assert ckpts, os.listdir(tmp_path / 'wd')
