@@ -58,7 +58,7 @@ def _set_data_root(cfg, data_root):
             cfg[ev].ann_file = osp.join(root, osp.relpath(cfg[ev].ann_file, cfg.data_root))
 
 
-def _config(task, work_dir, data_root, phase, cfg_options):
+def _config(task, data_root, phase, cfg_options):
     path = osp.join(REPO, TASKS[task]['config'])
     cfg = entry.load_config(path, cfg_options)
     _set_data_root(cfg, data_root)
@@ -76,14 +76,14 @@ def _metrics(task, result):
 def run_task(task, args):
     wd = osp.join(args.work_dir, task)
     # 2. untrained: the weights training starts from (same seed, same init_weights)
-    cfg, path = _config(task, wd, args.data_root, 'untrained', args.cfg_options)
+    cfg, path = _config(task, args.data_root, 'untrained', args.cfg_options)
     entry.prepare_train_config(cfg, path, work_dir=osp.join(wd, 'untrained'))
     runner = entry.build_runner(cfg)
     runner.model.init_weights()
     untrained = runner.test()
 
     # 3. train (no validation during training: step 4 evaluates)
-    cfg, path = _config(task, wd, args.data_root, 'train', args.cfg_options)
+    cfg, path = _config(task, args.data_root, 'train', args.cfg_options)
     entry.prepare_train_config(cfg, path, work_dir=osp.join(wd, 'train'))
     cfg.train_cfg.val_interval = 10**9
     cfg.train_cfg.val_begin = 10**9  # mmengine also validates after the last epoch/iteration
@@ -94,7 +94,7 @@ def run_task(task, args):
     ckpt = _last_checkpoint(osp.join(wd, 'train'))
 
     # 4. evaluate the trained checkpoint, drawing predictions
-    cfg, path = _config(task, wd, args.data_root, 'test', args.cfg_options)
+    cfg, path = _config(task, args.data_root, 'test', args.cfg_options)
     show_dir = osp.abspath(osp.join(wd, 'predictions'))
     entry.prepare_test_config(cfg, path, ckpt, work_dir=osp.join(wd, 'test'),
                               show_dir=show_dir)

@@ -5,10 +5,10 @@ config's ``default_scope``) and run it with :class:`~.runner.PolaRunner`.
 """
 import os
 import os.path as osp
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
-from mmengine.config import Config, DictAction  # noqa: F401  (DictAction re-exported)
+from mmengine.config import Config
 
 TASKS = ('mmdet', 'mmseg', 'mmpretrain')
 
@@ -140,7 +140,3 @@ def finish() -> None:
 def setup_local_rank(local_rank: Optional[int]) -> None:
     if 'LOCAL_RANK' not in os.environ and local_rank is not None:
         os.environ['LOCAL_RANK'] = str(local_rank)
-
-
-__all__: Sequence[str] = ('task_of', 'load_config', 'prepare_train_config',
-                          'prepare_test_config', 'build_runner', 'finish')

@@ -72,12 +72,13 @@ class ResumableStateHook(Hook):
             if key in checkpoint:
                 checkpoint[key] = to_weights_only_safe(checkpoint[key])
 
-    def set_pending(self, checkpoint: dict) -> None:
+    def set_pending(self, checkpoint: dict) -> bool:
+        """Remember the random states of ``checkpoint`` for the next epoch start; False
+        when it holds none for this number of processes."""
         states = checkpoint.get('rng_states')
-        if states and len(states) == get_world_size():
-            self._pending = states[get_rank()]
-        else:
-            self._pending = None
+        ok = bool(states) and len(states) == get_world_size()
+        self._pending = states[get_rank()] if ok else None
+        return ok
 
     def before_train_epoch(self, runner) -> None:
         if self._pending is not None:

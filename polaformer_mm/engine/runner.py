@@ -111,8 +111,7 @@ class PolaRunner(Runner):
         if 'message_hub' in checkpoint:
             checkpoint['message_hub'] = restore_runner_state(checkpoint['message_hub'])
         if self._resuming:
-            self._state_hook.set_pending(checkpoint)
-            if checkpoint.get('rng_states') and self._state_hook._pending is None:
+            if not self._state_hook.set_pending(checkpoint) and checkpoint.get('rng_states'):
                 self.logger.warning('the checkpoint holds the random states of a run with '
                                     'another number of processes; they are not restored')
         return checkpoint
