@@ -19,6 +19,8 @@ Nothing is executed from a checkpoint beyond constructing those data types.
 """
 from collections import OrderedDict
 
+import os.path as osp
+
 import numpy as np
 import torch
 from mmengine.logging import HistoryBuffer
@@ -115,3 +117,10 @@ def restore_runner_state(obj):
     if isinstance(obj, list):
         return [restore_runner_state(v) for v in obj]
     return obj
+
+
+def require_checkpoint(path: str, what: str = 'checkpoint') -> None:
+    """Raise FileNotFoundError naming ``what`` when a local checkpoint path is missing
+    (URLs are left to mmengine's loaders)."""
+    if '://' not in path and not osp.isfile(path):
+        raise FileNotFoundError(f'{what} not found: {path!r}')

@@ -10,6 +10,8 @@ from typing import Optional
 import torch
 from mmengine.config import Config
 
+from .checkpoint_io import require_checkpoint
+
 TASKS = ('mmdet', 'mmseg', 'mmpretrain')
 
 
@@ -67,8 +69,7 @@ def prepare_train_config(cfg: Config, config_path: str, work_dir: Optional[str] 
         cfg.resume = True
         cfg.load_from = None
     elif resume is not None:
-        if not osp.isfile(resume):
-            raise FileNotFoundError(f'--resume checkpoint not found: {resume}')
+        require_checkpoint(resume, '--resume checkpoint')
         cfg.resume = True
         cfg.load_from = resume
     return cfg

@@ -21,7 +21,8 @@ from mmengine.registry import MODEL_WRAPPERS, RUNNERS
 from mmengine.runner import Runner
 from torch.nn.parallel import DistributedDataParallel
 
-from .checkpoint_io import restore_runner_state, runner_checkpoint_globals
+from .checkpoint_io import (require_checkpoint, restore_runner_state,
+                            runner_checkpoint_globals)
 from .hooks import ResumableStateHook
 
 
@@ -102,9 +103,7 @@ class PolaRunner(Runner):
     # -- checkpoints --------------------------------------------------------------
     def load_checkpoint(self, filename: str, map_location='cpu', strict: bool = False,
                         revise_keys=[(r'^module.', '')]):
-        if '://' not in filename and not os.path.isfile(filename):
-            raise FileNotFoundError(f'checkpoint file not found: {filename!r} '
-                                    '(load_from / --resume / test checkpoint)')
+        require_checkpoint(filename, 'checkpoint file (load_from / --resume / test)')
         with runner_checkpoint_globals():
             checkpoint = super().load_checkpoint(filename, map_location=map_location,
                                                  strict=strict, revise_keys=revise_keys)
