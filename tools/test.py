@@ -41,11 +41,14 @@ def main(argv=None):
     entry.prepare_test_config(cfg, args.config, args.checkpoint, work_dir=args.work_dir,
                               out=args.out, show=args.show, show_dir=args.show_dir,
                               wait_time=args.wait_time, launcher=args.launcher)
+    succeeded = False
     try:
         runner = entry.build_runner(cfg)
-        return runner.test()
+        metrics = runner.test()
+        succeeded = True
+        return metrics
     finally:
-        entry.finish()
+        entry.finish(succeeded)
 
 
 if __name__ == '__main__':

@@ -43,11 +43,13 @@ def main(argv=None):
     entry.prepare_train_config(cfg, args.config, work_dir=args.work_dir, resume=args.resume,
                                amp=args.amp, auto_scale_lr=args.auto_scale_lr,
                                launcher=args.launcher)
+    succeeded = False
     try:
         runner = entry.build_runner(cfg)
         runner.train()
+        succeeded = True
     finally:
-        entry.finish()
+        entry.finish(succeeded)
 
 
 if __name__ == '__main__':

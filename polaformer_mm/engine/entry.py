@@ -80,8 +80,7 @@ def prepare_test_config(cfg: Config, config_path: str, checkpoint: str,
                         show: bool = False, show_dir: Optional[str] = None,
                         wait_time: float = 2., launcher: str = 'none') -> Config:
     """Apply the command-line choices of ``tools/test.py`` to ``cfg``."""
-    if '://' not in checkpoint and not osp.isfile(checkpoint):
-        raise FileNotFoundError(f'checkpoint file not found: {checkpoint}')
+    require_checkpoint(checkpoint, 'checkpoint file')
     _common(cfg, config_path, work_dir, launcher)
     cfg.load_from = checkpoint
     task = task_of(cfg)
@@ -132,9 +131,13 @@ def build_runner(cfg: Config):
     return RUNNERS.build(cfg)
 
 
-def finish() -> None:
-    """Leave a distributed run cleanly."""
+def finish(succeeded: bool = True) -> None:
+    """Leave a distributed run cleanly: after a successful run every rank waits for the
+    others (rank 0 may still be writing the last checkpoint) before the group is torn
+    down, so no rank exits while a peer still talks to it."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
+        if succeeded:
+            torch.distributed.barrier()
         torch.distributed.destroy_process_group()
 
 
