@@ -68,7 +68,7 @@ ARCHS = {'T': 'tiny', 'S': 'small', 'M': 'medium', 'L': 'large', 'B': 'base'}
 
 
 def test_pola_backbone_params_match_the_code():
-    """Backbone Params (M) of every Pola entry equal the parameter count of that backbone
+    """Backbone MParams of every Pola entry equal the parameter count of that backbone
     as the code builds it (dense configs return all four stages, ImageNet ones the last)."""
     import polaformer_mm  # noqa: F401
     from mmengine.registry import MODELS
@@ -88,7 +88,7 @@ def test_pola_backbone_params_match_the_code():
             backbone = MODELS.build(
                 dict(type=kind.replace('-', ''), arch=ARCHS[size], out_indices=out_indices))
             measured[key] = sum(p.numel() for p in backbone.parameters()) / 1e6
-        assert measured[key] == pytest.approx(data['Backbone Params (M)'], abs=0.006), \
+        assert measured[key] == pytest.approx(data['Backbone MParams'], abs=0.006), \
             model.name
     assert len(measured) == 14  # PVT T/S/M/L and Swin T/S/B, dense and ImageNet
 
@@ -125,5 +125,5 @@ def test_mim_search_lists_every_model_after_pip_install(tmp_path):
     # and with their metadata, e.g. the measured backbone size of Pola-PVT-T on COCO
     block = proc.stdout.split('config id: mask-rcnn_pola-pvt-t_fpn_1x_coco')[1]
     block = block.split('config id:')[0]
-    assert re.search(r'backbone_params\(M\)\s+12\.41', block)
-    assert re.search(r'backbone_flops\(G\)\s+48\.68', block)
+    assert re.search(r'backbone_mparams\s+12\.41', block)
+    assert re.search(r'backbone_gflops\s+48\.68', block)
