@@ -12,7 +12,7 @@ import torch
 from polaformer_mm.ops import pola_linear_attention, pola_linear_attention_reference
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-DOCS = ['README.md', 'docs/method.md'] + sorted(
+DOCS = ['README.md', 'docs/method.md', 'configs/README.md'] + sorted(
     osp.relpath(p, ROOT) for p in glob.glob(osp.join(ROOT, 'configs', '*', 'README.md')))
 
 
