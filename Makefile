@@ -15,13 +15,15 @@ $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) and "the tested stack needs Python 3.11; set PYTHON=/path/to/python3.11")'
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): $(PY) requirements/build.txt requirements/runtime.txt requirements/tests.txt setup.py
+$(STAMP): $(PY) requirements/build.txt requirements/runtime.txt requirements/tests.txt \
+	  requirements/mim.txt setup.py
 	$(PIP) install -r requirements/build.txt torch==2.13.0 numpy==2.3.5
 	wheels=$$(tools/build_mmcv_wheel.sh $(PY)) && \
 	  $(PIP) install --find-links "$$wheels" --only-binary mmcv \
 	    -r requirements/runtime.txt -r requirements/tests.txt && \
+	  $(PIP) install --no-deps -r requirements/mim.txt && \
 	  $(PIP) install --no-build-isolation --no-deps -e .
-	$(PY) -c "import polaformer_mm, mmcv.ops, mmdet.models, mmseg.models, mmpretrain.models; print('stack ok')"
+	$(PY) -c "import polaformer_mm, mmcv.ops, mmdet.models, mmseg.models, mmpretrain.models, mim; print('stack ok')"
 	touch $(STAMP)
 
 test: install

@@ -1,4 +1,49 @@
+import os
+import os.path as osp
+import shutil
+import sys
+
 from setuptools import find_packages, setup
+
+# What OpenMMLab's `mim` reads from an installed package's `.mim` folder: the model index
+# (`mim search polaformer_mm`), the configs it names, and the tools (`mim train` / `mim test`).
+MIM_ITEMS = ('model-index.yml', 'configs', 'tools')
+
+
+def add_mim_extension():
+    """Put ``MIM_ITEMS`` under ``polaformer_mm/.mim``, as OpenMMLab packages do.
+
+    Symlinks when building an editable install (``pip install -e .``, so edits stay
+    live), copies when building a wheel or an sdist (``pip install .``). Items missing
+    from the tree (a build from an sdist, which already holds the copies) are left as
+    they are.
+    """
+    if 'develop' in sys.argv or 'editable_wheel' in sys.argv:
+        mode = 'copy' if os.name == 'nt' else 'symlink'
+    elif any(cmd in sys.argv for cmd in ('bdist_wheel', 'sdist', 'build', 'build_py')):
+        mode = 'copy'
+    else:
+        return
+    repo = osp.dirname(osp.abspath(__file__))
+    mim_dir = osp.join(repo, 'polaformer_mm', '.mim')
+    os.makedirs(mim_dir, exist_ok=True)
+    for item in MIM_ITEMS:
+        src, dst = osp.join(repo, item), osp.join(mim_dir, item)
+        if not osp.exists(src):
+            continue
+        if osp.islink(dst) or osp.isfile(dst):
+            os.remove(dst)
+        elif osp.isdir(dst):
+            shutil.rmtree(dst)
+        if mode == 'symlink':
+            os.symlink(osp.relpath(src, mim_dir), dst)
+        elif osp.isdir(src):
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns('__pycache__', '*.pyc'))
+        else:
+            shutil.copyfile(src, dst)
+
+
+add_mim_extension()
 
 with open('polaformer_mm/version.py') as f:
     exec(f.read())  # defines __version__
@@ -14,6 +59,12 @@ setup(
     long_description=long_description,
     long_description_content_type='text/markdown',
     packages=find_packages(include=['polaformer_mm', 'polaformer_mm.*']),
+    package_data={
+        'polaformer_mm': [
+            '.mim/model-index.yml', '.mim/configs/**/*.py', '.mim/configs/**/*.yml',
+            '.mim/configs/**/*.md', '.mim/tools/**/*.py', '.mim/tools/**/*.sh'
+        ]
+    },
     python_requires='>=3.9',
     install_requires=[
         'torch>=2.0',

@@ -1,0 +1,178 @@
+#!/usr/bin/env python
+"""Run a detection or segmentation config of this project on one image.
+
+    python tools/demo/image_demo.py IMAGE CONFIG [--weights CKPT] [--out-dir DIR]
+        [--device cpu|cuda] [--score-thr 0.3]
+
+The config's ``default_scope`` chooses the inferencer: mmdet's ``DetInferencer`` (boxes,
+and masks for instance segmentation) or mmseg's ``MMSegInferencer`` (a class per pixel).
+Writes into ``--out-dir`` (default ``outputs/``):
+
+* ``vis/<image name>``: the prediction drawn on the image;
+* ``preds/<image stem>.json``: the raw prediction. Detection: ``labels``, ``scores``,
+  ``bboxes`` (x1, y1, x2, y2 in image pixels) and, for instance segmentation, ``masks``
+  (COCO run-length encoding) of every instance scoring at least ``--score-thr``;
+  segmentation: ``sem_seg``, one class index per pixel (H rows of W). Both also hold
+  ``classes`` (the names the indices refer to) and ``image_shape`` (H, W).
+
+Class names come from the checkpoint's ``meta.dataset_meta`` when it has them, else from
+the config's test dataset. Without ``--weights`` the model keeps its random
+initialisation and a warning says so: that checks a config end to end, but the
+prediction means nothing. ``--weights`` is a checkpoint of the whole detector /
+segmentor (for example one written by ``tools/train.py``), read with
+``torch.load(weights_only=True)``; pretrained backbone files named in the config are not
+loaded.
+"""
+import argparse
+import json
+import os
+import os.path as osp
+import sys
+import warnings
+from typing import List, Optional
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+
+import polaformer_mm  # noqa: E402,F401  (registers the backbones; before torchvision)
+import mmcv  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from mmengine.config import Config  # noqa: E402
+from mmengine.runner.checkpoint import _load_checkpoint_to_model  # noqa: E402
+from polaformer_mm.engine.checkpoint_io import (require_checkpoint,  # noqa: E402
+                                                runner_checkpoint_globals)
+from polaformer_mm.engine.entry import load_config, task_of  # noqa: E402
+
+RANDOM_WEIGHTS_WARNING = (
+    'No --weights given: the model keeps its RANDOM initialisation, so the prediction '
+    'means nothing. Pass --weights CKPT (a checkpoint of the whole model) for a real one.')
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description='Detect or segment one image with a polaformer_mm config')
+    p.add_argument('image', help='image file')
+    p.add_argument('config', help='detection (mmdet) or segmentation (mmseg) config')
+    p.add_argument('--weights', help='checkpoint of the whole model; without it the '
+                   'weights are random (with a warning)')
+    p.add_argument('--out-dir', default='outputs', help='output folder (default outputs/)')
+    p.add_argument('--device', choices=['cpu', 'cuda'], default=None,
+                   help='default: cuda when available, else cpu')
+    p.add_argument('--score-thr', type=float, default=0.3,
+                   help='detection: keep and draw instances scoring at least this')
+    return p.parse_args(argv)
+
+
+def config_dataset_meta(cfg: Config) -> dict:
+    """``classes`` and ``palette`` of the config's test dataset (built without reading
+    its annotations), in the current default scope."""
+    from mmengine.registry import DATASETS
+    dataset_cfg = cfg.test_dataloader.dataset.copy()
+    dataset_cfg['lazy_init'] = True
+    meta = DATASETS.build(dataset_cfg).metainfo
+    if not meta.get('classes'):
+        raise KeyError(f'the test dataset of the config ({dataset_cfg["type"]}) names no '
+                       'classes: set test_dataloader.dataset.metainfo.classes')
+    return {'classes': tuple(meta['classes']), 'palette': meta.get('palette') or 'random'}
+
+
+class _MetaFromConfig:
+    """Mixin for the inferencers: class names from the checkpoint when it has them,
+    else from the config's test dataset (upstream falls back to COCO / Cityscapes)."""
+
+    def _load_weights_to_model(self, model, checkpoint, cfg) -> None:
+        meta = (checkpoint or {}).get('meta', {})
+        if checkpoint is not None and ('dataset_meta' in meta or 'CLASSES' in meta):
+            super()._load_weights_to_model(model, checkpoint, cfg)
+            return
+        if checkpoint is not None:
+            _load_checkpoint_to_model(model, checkpoint)
+        model.dataset_meta = config_dataset_meta(cfg)
+
+
+def build_inferencer(cfg: Config, scope: str, weights: Optional[str], device: str):
+    """mmdet's ``DetInferencer`` or mmseg's ``MMSegInferencer`` for ``cfg`` (its test
+    pipeline without annotation loading)."""
+    cfg = cfg.copy()
+    dataset = cfg.test_dataloader.dataset
+    dataset.pipeline = [t for t in dataset.pipeline if t['type'] != 'LoadAnnotations']
+    if scope == 'mmdet':
+        from mmdet.apis import DetInferencer
+
+        class Inferencer(_MetaFromConfig, DetInferencer):
+            pass
+    else:
+        from mmseg.apis import MMSegInferencer
+
+        class Inferencer(_MetaFromConfig, MMSegInferencer):
+            pass
+
+    with runner_checkpoint_globals():  # weights-only loading, mmengine checkpoints too
+        inferencer = Inferencer(model=cfg, weights=weights, device=device)
+    if scope == 'mmseg':
+        # MMSegInferencer gives its visualizer the Cityscapes classes unless told
+        meta = inferencer.model.dataset_meta
+        palette = meta.get('palette')
+        if not palette or palette == 'random':
+            rng = np.random.RandomState(42)
+            palette = [tuple(int(c) for c in rng.randint(0, 256, 3)) for _ in meta['classes']]
+        inferencer.visualizer.set_dataset_meta(list(meta['classes']), list(palette))
+    return inferencer
+
+
+def _jsonable(prediction, scope: str, score_thr: float, classes, image_shape) -> dict:
+    out = {'classes': list(classes), 'image_shape': [int(s) for s in image_shape]}
+    if scope == 'mmdet':
+        keep = [i for i, s in enumerate(prediction['scores']) if s >= score_thr]
+        out.update({k: [v[i] for i in keep] for k, v in prediction.items()
+                    if isinstance(v, list) and len(v) == len(prediction['scores'])})
+    else:
+        out['sem_seg'] = np.asarray(prediction).astype(int).tolist()
+    return out
+
+
+def main(argv: Optional[List[str]] = None) -> dict:
+    """Run the demo; returns the paths it wrote (``vis`` and ``pred``)."""
+    args = parse_args(argv)
+    if not osp.isfile(args.image):
+        raise FileNotFoundError(f'image file not found: {args.image}')
+    image = mmcv.imread(args.image)
+    cfg = load_config(args.config)
+    scope = task_of(cfg)
+    if scope not in ('mmdet', 'mmseg'):
+        raise ValueError(f'{args.config} is a {scope} config; the demo runs detection '
+                         '(mmdet) and segmentation (mmseg) configs (evaluate classifiers '
+                         'with tools/test.py)')
+    if args.weights is not None:
+        require_checkpoint(args.weights, 'weights')
+    else:
+        warnings.warn(RANDOM_WEIGHTS_WARNING, UserWarning, stacklevel=2)
+        print(f'{"!" * 79}\n{RANDOM_WEIGHTS_WARNING}\n{"!" * 79}', file=sys.stderr)
+    device = args.device or ('cuda' if torch.cuda.is_available() else 'cpu')
+    if device == 'cuda' and not torch.cuda.is_available():
+        raise RuntimeError('--device cuda: torch sees no CUDA device (use --device cpu)')
+
+    inferencer = build_inferencer(cfg, scope, args.weights, device)
+    call_args = dict(return_vis=True)  # nothing saved by the inferencer itself
+    if scope == 'mmdet':
+        call_args.update(no_save_vis=True, no_save_pred=True, pred_score_thr=args.score_thr)
+    results = inferencer(args.image, **call_args)
+    prediction, drawn = results['predictions'], results['visualization']
+    if scope == 'mmdet':  # lists, one per image; MMSegInferencer unwraps a single image
+        prediction, drawn = prediction[0], drawn[0]
+
+    name = osp.basename(args.image)
+    vis_path = osp.join(args.out_dir, 'vis', name)
+    pred_path = osp.join(args.out_dir, 'preds', osp.splitext(name)[0] + '.json')
+    mmcv.imwrite(mmcv.rgb2bgr(drawn), vis_path)
+    os.makedirs(osp.dirname(pred_path), exist_ok=True)
+    prediction = _jsonable(prediction, scope, args.score_thr,
+                           inferencer.model.dataset_meta['classes'], image.shape[:2])
+    with open(pred_path, 'w') as f:
+        json.dump(prediction, f)
+    print(f'wrote {vis_path} and {pred_path}')
+    return {'vis': vis_path, 'pred': pred_path}
+
+
+if __name__ == '__main__':
+    main()
