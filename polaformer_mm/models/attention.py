@@ -112,13 +112,29 @@ class PolaLinearAttention(nn.Module):
         B, N, _ = x.shape
         return x.reshape(B, N, self.num_heads, self.head_dims).transpose(1, 2)
 
-    def forward(self, x: Tensor, hw_shape: Sequence[int]) -> Tensor:
+    def forward(self,
+                x: Tensor,
+                hw_shape: Sequence[int],
+                padding_mask: Optional[Tensor] = None) -> Tensor:
+        """Attend over the tokens ``x`` (B, H*W, C) laid out on ``hw_shape`` (H, W).
+
+        ``padding_mask`` (B, H*W) bool, optional: True where a token was added by
+        padding (windowed Swin stages pad maps to a multiple of the window). Such
+        tokens take no part as keys or values: their keys and values are set to zero
+        (zero keys have zero polarity features, so they add nothing to ``K^T V`` or
+        the key means; zero values add nothing to the depthwise conv, as the conv's
+        own zero padding at a window border), and the normaliser is that of the real
+        keys alone. Their outputs are meaningless and must be dropped by the caller.
+        """
         B, N, C = x.shape
         H, W = hw_shape
         if N != H * W or C != self.embed_dims:
             raise ValueError(
                 f'PolaLinearAttention expects (B, {H}*{W}, {self.embed_dims}) '
                 f'tokens for hw_shape {tuple(hw_shape)}; got {tuple(x.shape)}')
+        if padding_mask is not None and self.layout != 'swin':
+            raise ValueError('padding_mask is only supported by the swin layout '
+                             '(keys and queries on the same grid)')
         kv_hw = (H, W)
         if self.layout == 'swin':
             q, k, v, g = self.qkvg(x).reshape(B, N, 4, C).unbind(2)
@@ -131,12 +147,21 @@ class PolaLinearAttention(nn.Module):
 
         k = k + resize_token_grid(self.positional_encoding, self.pos_grid,
                                   kv_hw, mode='bicubic')
+        eps = 1e-6
+        if padding_mask is not None:
+            if padding_mask.shape != (B, N):
+                raise ValueError(f'padding_mask must be ({B}, {N}), got '
+                                 f'{tuple(padding_mask.shape)}')
+            keep = (~padding_mask).unsqueeze(-1).to(k.dtype)
+            k, v = k * keep, v * keep
+            # eps of the real keys alone: the op's normaliser is q.sum(K)/n + eps
+            eps = keep.sum(dim=1).view(B, 1, 1, 1) * (eps / N)
         scale = F.softplus(self.scale)
         q = self._split_heads(q / scale)
         k = self._split_heads(k / scale)
         v = self._split_heads(v)
 
-        out = pola_linear_attention(q, k, v, self.power, self.alpha)
+        out = pola_linear_attention(q, k, v, self.power, self.alpha, eps)
         out = out.transpose(1, 2).reshape(B, N, C)
 
         # Local term: one depthwise conv shared by all heads, on v laid out per head.

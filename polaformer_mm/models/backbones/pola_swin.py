@@ -33,14 +33,23 @@ def window_reverse(windows: torch.Tensor, window_size: int, Hp: int,
     return x.transpose(2, 3).reshape(-1, Hp, Wp, C)
 
 
+def _padded_size(size: int, window_size: int) -> int:
+    return -(-size // window_size) * window_size
+
+
+def _window_shift(hw_shape: Sequence[int], window_size: int, shifted: bool) -> int:
+    """Half a window on shifted blocks, when the map is larger than one window along
+    both sides; 0 otherwise (a map no larger than the window along its shorter side
+    is one window row, never shifted: the official rule)."""
+    return window_size // 2 if shifted and min(hw_shape) > window_size else 0
+
+
 @lru_cache(maxsize=64)
-def _window_mask(H: int, W: int, window_size: int, shift: int,
-                 device: torch.device):
-    """Additive (nW, T, T) mask for windows over an H x W map padded to multiples
-    of the window and rolled by -shift: -100 between tokens of different shift
-    regions, and between real and padded tokens. None when nothing is masked."""
-    Hp = -(-H // window_size) * window_size
-    Wp = -(-W // window_size) * window_size
+def _window_regions(H: int, W: int, window_size: int, shift: int):
+    """Per window token ids (nW, T) over an H x W map padded to multiples of the
+    window and rolled by -shift: the shift region (0..8) of every real token, -1 for
+    tokens added by padding. None when there is neither shift nor padding."""
+    Hp, Wp = _padded_size(H, window_size), _padded_size(W, window_size)
     if shift == 0 and (Hp, Wp) == (H, W):
         return None
 
@@ -57,24 +66,57 @@ def _window_mask(H: int, W: int, window_size: int, shift: int,
     ids_w, pad_w = regions(Wp, W)
     ids = ids_h[:, None] * 3 + ids_w[None, :]
     ids[pad_h[:, None] | pad_w[None, :]] = -1
-    ids = window_partition(ids[None], window_size)  # (nW, T)
+    return window_partition(ids[None], window_size)  # (nW, T)
+
+
+@lru_cache(maxsize=64)
+def _window_mask(H: int, W: int, window_size: int, shift: int,
+                 device: torch.device):
+    """Additive (nW, T, T) mask of the softmax windows: -100 between tokens of
+    different shift regions, and between real and padded tokens. None when nothing
+    is masked."""
+    ids = _window_regions(H, W, window_size, shift)
+    if ids is None:
+        return None
     mask = (ids[:, :, None] != ids[:, None, :]).float() * -100.0
     return mask.to(device)
 
 
+@lru_cache(maxsize=64)
+def _window_padding(H: int, W: int, window_size: int, shift: int,
+                    device: torch.device):
+    """(nW, T) bool, True at tokens added by padding; None without padding. The
+    linear windows ignore the shift regions, as the official code does."""
+    if (_padded_size(H, window_size), _padded_size(W, window_size)) == (H, W):
+        return None
+    return (_window_regions(H, W, window_size, shift) < 0).to(device)
+
+
 class SwinBlock(nn.Module):
-    """Swin block. 'L': Pola linear attention over the whole map (never shifted);
-    'S': window attention, shifted by window // 2 on odd blocks."""
+    """Swin block: ``x + attn(norm1(x))``, ``x + mlp(norm2(x))``.
+
+    'L' blocks run Pola linear attention, either in windows of
+    ``linear_window_size`` (the official form: the map is zero-padded to a multiple
+    of the window, odd blocks are shifted by half a window when the map is larger
+    than the window, the shift mask is not applied, padded tokens take no part) or,
+    with ``linear_window_size=None``, over the whole map at once (one window, never
+    shifted, the positional encoding resized to the map). 'S' blocks run shifted
+    window softmax attention with ``window_size``.
+    """
 
     def __init__(self, embed_dims, num_heads, attn_type, window_size, shift,
                  pos_grid, alpha, kernel_size, mlp_ratio, qkv_bias, drop,
-                 attn_drop, drop_path):
+                 attn_drop, drop_path, linear_window_size=None):
         super().__init__()
-        self.linear = attn_type == 'L'
-        self.window_size = window_size
-        self.shift = bool(shift) and not self.linear
+        self.uses_pola = attn_type == 'L'
+        self.shifted = bool(shift)
+        if self.uses_pola:
+            # None: one global window; an int: windows whose grid is also P's
+            self.window_size = linear_window_size
+        else:
+            self.window_size = window_size
         self.norm1 = nn.LayerNorm(embed_dims)
-        if self.linear:
+        if self.uses_pola:
             self.attn = PolaLinearAttention(
                 embed_dims,
                 num_heads,
@@ -100,26 +142,32 @@ class SwinBlock(nn.Module):
         H, W = hw_shape
         B, N, C = x.shape
         ws = self.window_size
-        # a map no larger than one window along its shorter side: one window row, no
-        # shift (what the official code does at 224 for the last stage)
-        shift = ws // 2 if self.shift and min(H, W) > ws else 0
-        Hp, Wp = -(-H // ws) * ws, -(-W // ws) * ws
+        shift = _window_shift(hw_shape, ws, self.shifted)
+        Hp, Wp = _padded_size(H, ws), _padded_size(W, ws)
         x = x.view(B, H, W, C)
         if (Hp, Wp) != (H, W):
             x = F.pad(x, (0, 0, 0, Wp - W, 0, Hp - H))
         if shift:
             x = torch.roll(x, (-shift, -shift), dims=(1, 2))
-        mask = _window_mask(H, W, ws, shift, x.device)
-        if mask is not None:
-            mask = mask.to(x.dtype)
-        x = window_reverse(self.attn(window_partition(x, ws), mask), ws, Hp, Wp)
+        windows = window_partition(x, ws)
+        if self.uses_pola:
+            padding = _window_padding(H, W, ws, shift, x.device)
+            if padding is not None:
+                padding = padding.repeat(B, 1)
+            windows = self.attn(windows, (ws, ws), padding_mask=padding)
+        else:
+            mask = _window_mask(H, W, ws, shift, x.device)
+            if mask is not None:
+                mask = mask.to(x.dtype)
+            windows = self.attn(windows, mask)
+        x = window_reverse(windows, ws, Hp, Wp)
         if shift:
             x = torch.roll(x, (shift, shift), dims=(1, 2))
         return x[:, :H, :W].reshape(B, N, C)
 
     def forward(self, x, hw_shape):
         y = self.norm1(x)
-        if self.linear:
+        if self.uses_pola and self.window_size is None:
             y = self.attn(y, hw_shape)
         else:
             y = self._window_attention(y, hw_shape)
@@ -165,12 +213,28 @@ class PolaSwin(PolaBackboneBase):
     Args:
         arch (str | dict): 'tiny', 'small', 'base', or a dict with
             ``embed_dims`` (int, first stage), ``depths`` and ``num_heads``.
-        attn_types (str): per stage, 'L' (Pola linear attention over the whole map,
-            positional encoding resized from its pretraining grid) or 'S' (shifted
+        attn_types (str): per stage, 'L' (Pola linear attention) or 'S' (shifted
             window softmax attention with ``window_size``).
-        window_size (int): window of the 'S' stages.
-        pretrain_img_size (int | tuple): input size at pretraining; sets the grids
-            the 'L' stages' positional encodings were learned on (56x56, 28x28, ...).
+        window_size (int): window of the 'S' stages (7; 12 for the official 384
+            Swin-B, whose ``linear_window_size`` is 96).
+        linear_window_size (int | None): window of the 'L' stages. An int gives
+            each 'L' stage a square window of ``min(linear_window_size, the
+            stage's grid at pretrain_img_size)`` (56 and 28 for the 224 models,
+            96 and 48 for the 384 Swin-B), which is also the grid of its learned
+            positional encoding ``P``, used as learned at any input size: the
+            official computation. At run time the map is zero-padded to a multiple
+            of the window and partitioned; odd blocks are shifted by half a window
+            when the map is larger than the window along both sides (without a
+            shift mask, as in the official code). Where the official code has no
+            counterpart (maps that are not multiples of the window), padded tokens
+            take no part as keys or values and their outputs are dropped; the
+            depthwise conv runs per window, as in the official code. None: one
+            window over the whole map, never shifted, ``P`` learned on the stage's
+            grid at ``pretrain_img_size`` and resized (bicubic) to the runtime map.
+            At 224 both forms are the official computation. Defaults to 56.
+        pretrain_img_size (int | tuple): input size at pretraining; sets the stage
+            grids (56x56, 28x28, ... at 224) the windows and the positional
+            encodings of the 'L' stages derive from.
         out_indices (Sequence[int]): stages returned, each after its LayerNorm
             ``norm{i}`` (``norm3`` is the official final norm).
         frozen_stages (int): -1 freezes nothing, 0 the patch embedding, k >= 1
@@ -198,6 +262,7 @@ class PolaSwin(PolaBackboneBase):
                  arch: Union[str, dict] = 'tiny',
                  attn_types: str = 'LLSS',
                  window_size: int = 7,
+                 linear_window_size: Optional[int] = 56,
                  pretrain_img_size: Union[int, Sequence[int]] = 224,
                  patch_size: int = 4,
                  in_channels: int = 3,
@@ -228,10 +293,21 @@ class PolaSwin(PolaBackboneBase):
         self.drop_after_pos = nn.Dropout(drop_rate)
         dpr = drop_path_rates(drop_path_rate, depths)
         grid = [s // patch_size for s in pretrain_img_size]
+        if linear_window_size is not None:
+            linear_window_size = int(linear_window_size)
+            if linear_window_size < 1:
+                raise ValueError('linear_window_size must be a positive int or '
+                                 f'None, got {linear_window_size}')
+        self.linear_window_size = linear_window_size
         dims = arch['embed_dims']
         self.num_features = []
         self.stages = nn.ModuleList()
         for i in range(num_stages):
+            if linear_window_size is None:
+                stage_window, pos_grid = None, grid
+            else:
+                stage_window = min(linear_window_size, *grid)
+                pos_grid = [stage_window, stage_window]
             blocks = [
                 SwinBlock(
                     dims,
@@ -239,7 +315,8 @@ class PolaSwin(PolaBackboneBase):
                     attn_type=attn_types[i],
                     window_size=window_size,
                     shift=j % 2 == 1,
-                    pos_grid=grid,
+                    pos_grid=pos_grid,
+                    linear_window_size=stage_window,
                     alpha=alpha,
                     kernel_size=kernel_size,
                     mlp_ratio=mlp_ratio,
