@@ -14,6 +14,7 @@ model = dict(
         arch='tiny',
         attn_types='LLSS',
         window_size=7,
+        linear_window_size=56,  # official windows; None: global (see README)
         drop_path_rate=0.2,
         out_indices=(0, 1, 2, 3),
         init_cfg=dict(

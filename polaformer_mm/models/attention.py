@@ -1,6 +1,11 @@
 """Attention modules: polarity-aware linear attention and the softmax baselines
-used by 'S' stages (PVT spatial-reduction attention, Swin window attention)."""
-from typing import Optional, Sequence, Tuple
+used by 'S' stages (PVT spatial-reduction attention, Swin window attention).
+
+The computation of :class:`PolaLinearAttention` is written up in
+``docs/method.md``.
+"""
+import math
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -11,19 +16,38 @@ from torch import Tensor
 from ..ops import pola_linear_attention
 from .utils import nchw_to_nlc, nlc_to_nchw, pad_to_multiple, resize_token_grid
 
+FAMILIES = ('pvt', 'swin')
 
-def _head_dims(embed_dims: int, num_heads: int) -> int:
-    if embed_dims % num_heads:
+
+def head_dims(embed_dims: int, num_heads: int) -> int:
+    """The head width C / h; a named error when C is not divisible by h."""
+    if num_heads < 1 or embed_dims % num_heads:
         raise ValueError(f'embed_dims {embed_dims} is not divisible by '
                          f'num_heads {num_heads}')
     return embed_dims // num_heads
 
 
-class _SpatialReduction(nn.Module):
-    """Conv(kernel = stride = r) + LayerNorm producing the reduced key/value tokens.
+def check_alpha(alpha: float) -> float:
+    """The Pola exponent is ``1 + alpha * sigmoid(power)``: alpha finite and > 0."""
+    alpha = float(alpha)
+    if not math.isfinite(alpha) or alpha <= 0:
+        raise ValueError(f'alpha must be finite and > 0, got {alpha}')
+    return alpha
 
-    Maps whose sides are not multiples of r are zero-padded (ceil), so the key grid
-    is never empty.
+
+class SpatialReduction(nn.Module):
+    """Conv (kernel = stride = ``ratio``) + LayerNorm: the reduced key/value tokens
+    of PVT attention.
+
+    Maps whose sides are not multiples of the ratio are zero-padded (ceil), so the
+    key grid is never empty.
+
+    Args:
+        embed_dims (int): Channels C.
+        ratio (int): Reduction r >= 2.
+
+    Input: tokens (B, H*W, C) and (H, W). Output: tokens (B, h*w, C) and
+    (h, w) = (ceil(H / r), ceil(W / r)).
     """
 
     def __init__(self, embed_dims: int, ratio: int):
@@ -32,7 +56,8 @@ class _SpatialReduction(nn.Module):
         self.sr = nn.Conv2d(embed_dims, embed_dims, kernel_size=ratio, stride=ratio)
         self.norm = nn.LayerNorm(embed_dims)
 
-    def forward(self, x: Tensor, hw_shape) -> Tuple[Tensor, Tuple[int, int]]:
+    def forward(self, x: Tensor,
+                hw_shape: Sequence[int]) -> Tuple[Tensor, Tuple[int, int]]:
         x = self.sr(pad_to_multiple(nlc_to_nchw(x, hw_shape), self.ratio))
         kv_hw = (x.shape[2], x.shape[3])
         return self.norm(nchw_to_nlc(x)), kv_hw
@@ -40,20 +65,27 @@ class _SpatialReduction(nn.Module):
 
 @MODELS.register_module()
 class PolaLinearAttention(nn.Module):
-    """Polarity-aware linear attention (PolaFormer, DESIGN.md section 1) on any grid.
+    """Polarity-aware linear attention (PolaFormer) on any grid.
 
     Args:
-        embed_dims (int): channels C.
-        num_heads (int): heads h; the head width is C / h.
-        pos_grid (Sequence[int]): (H0, W0), the key grid the positional encoding P
-            was learned on (the grid at pretraining, after spatial reduction). At run
-            time P is resized (bicubic) to the actual key grid when they differ.
-        sr_ratio (int): spatial-reduction ratio r for keys/values (PVT layout only).
-        kernel_size (int): kernel of the depthwise conv on v (shared by all heads).
-        alpha (float): the exponent is ``1 + alpha * sigmoid(power)``.
-        qkv_bias (bool): bias of the q/k/v/g projections.
-        layout (str): 'pvt' (``qg`` and ``kv`` projections) or 'swin' (one ``qkvg``).
-        proj_drop (float): dropout after the output projection.
+        embed_dims (int): Channels C.
+        num_heads (int): Heads h; the head width is C / h.
+        pos_grid (Sequence[int]): (H0, W0), the key grid the positional encoding
+            ``P`` was learned on (after spatial reduction). At run time ``P`` is
+            resized (bicubic) to the actual key grid when they differ.
+        sr_ratio (int): Spatial reduction r of keys/values ('pvt' family only).
+            Default: 1.
+        kernel_size (int): Kernel of the depthwise conv on v, shared by all heads
+            (odd). Default: 5.
+        alpha (float): The exponent is ``1 + alpha * sigmoid(power)``; finite and
+            > 0. Default: 4.0.
+        qkv_bias (bool): Bias of the q/k/v/g projections. Default: True.
+        family (str): Projections of the official model family: 'pvt' (``qg`` and
+            ``kv``, optional spatial reduction) or 'swin' (one ``qkvg``).
+            Default: 'pvt'.
+        proj_drop (float): Dropout after the output projection. Default: 0.
+
+    Input: tokens (B, H*W, C) on ``hw_shape`` (H, W). Output: (B, H*W, C).
     """
 
     def __init__(self,
@@ -64,32 +96,34 @@ class PolaLinearAttention(nn.Module):
                  kernel_size: int = 5,
                  alpha: float = 4.0,
                  qkv_bias: bool = True,
-                 layout: str = 'pvt',
+                 family: str = 'pvt',
                  proj_drop: float = 0.):
         super().__init__()
-        if layout not in ('pvt', 'swin'):
-            raise ValueError(f"layout must be 'pvt' or 'swin', got {layout!r}")
-        if layout == 'swin' and sr_ratio != 1:
-            raise ValueError('the swin layout has no spatial reduction '
+        if family not in FAMILIES:
+            raise ValueError(f'family must be one of {FAMILIES}, got {family!r}')
+        if family == 'swin' and sr_ratio != 1:
+            raise ValueError('the swin family has no spatial reduction '
                              f'(sr_ratio must be 1, got {sr_ratio})')
         if sr_ratio < 1 or kernel_size < 1 or kernel_size % 2 == 0:
             raise ValueError(f'sr_ratio must be >= 1 and kernel_size odd; got '
                              f'sr_ratio={sr_ratio}, kernel_size={kernel_size}')
+        self.pos_grid = tuple(int(s) for s in pos_grid)
+        if len(self.pos_grid) != 2 or min(self.pos_grid) < 1:
+            raise ValueError(f'pos_grid must be two positive sizes, got {pos_grid}')
         self.embed_dims = embed_dims
         self.num_heads = num_heads
-        self.head_dims = _head_dims(embed_dims, num_heads)
-        self.pos_grid = tuple(int(s) for s in pos_grid)
+        self.head_dims = head_dims(embed_dims, num_heads)
         self.sr_ratio = sr_ratio
-        self.alpha = float(alpha)
-        self.layout = layout
+        self.alpha = check_alpha(alpha)
+        self.family = family
 
-        if layout == 'swin':
+        if family == 'swin':
             self.qkvg = nn.Linear(embed_dims, 4 * embed_dims, bias=qkv_bias)
         else:
             self.qg = nn.Linear(embed_dims, 2 * embed_dims, bias=qkv_bias)
             self.kv = nn.Linear(embed_dims, 2 * embed_dims, bias=qkv_bias)
             self.reduction = (
-                _SpatialReduction(embed_dims, sr_ratio) if sr_ratio > 1 else None)
+                SpatialReduction(embed_dims, sr_ratio) if sr_ratio > 1 else None)
         self.proj = nn.Linear(embed_dims, embed_dims)
         self.proj_drop = nn.Dropout(proj_drop)
         self.dwc = nn.Conv2d(
@@ -105,42 +139,81 @@ class PolaLinearAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return (f'embed_dims={self.embed_dims}, num_heads={self.num_heads}, '
-                f'layout={self.layout!r}, sr_ratio={self.sr_ratio}, '
+                f'family={self.family!r}, sr_ratio={self.sr_ratio}, '
                 f'alpha={self.alpha}, pos_grid={self.pos_grid}')
 
-    def _split_heads(self, x: Tensor) -> Tensor:
-        B, N, _ = x.shape
-        return x.reshape(B, N, self.num_heads, self.head_dims).transpose(1, 2)
+    def key_grid(self, hw_shape: Sequence[int]) -> Tuple[int, int]:
+        """The grid of the keys for queries on ``hw_shape`` (ceil after reduction)."""
+        r = self.sr_ratio
+        return (-(-hw_shape[0] // r), -(-hw_shape[1] // r))
 
-    def forward(self, x: Tensor, hw_shape: Sequence[int]) -> Tensor:
+    def forward(self,
+                x: Tensor,
+                hw_shape: Sequence[int],
+                padding_mask: Optional[Tensor] = None,
+                pos_encoding: Optional[Tensor] = None) -> Tensor:
+        """Attend over the tokens ``x`` (B, H*W, C) laid out on ``hw_shape``.
+
+        Args:
+            x (Tensor): Tokens (B, H*W, C).
+            hw_shape (Sequence[int]): (H, W).
+            padding_mask (Tensor, optional): (B, H*W) bool, True where a token was
+                added by padding ('swin' family: windowed stages pad maps to a
+                multiple of the window). Such tokens take no part as keys or
+                values: their keys and values are set to zero (zero keys have zero
+                polarity features, so they add nothing to ``K^T V`` or the key
+                means; zero values add nothing to the depthwise conv, as the conv's
+                own zero padding at a window border), and the normaliser is that of
+                the real keys alone. Their outputs are meaningless: the caller drops
+                them.
+            pos_encoding (Tensor, optional): ``P`` already laid out on the key grid
+                (1, h*w, C), e.g. resized for all blocks of a stage at once by
+                :class:`StagePositionalEncodings`; None resizes ``P`` here.
+        """
         B, N, C = x.shape
         H, W = hw_shape
         if N != H * W or C != self.embed_dims:
             raise ValueError(
                 f'PolaLinearAttention expects (B, {H}*{W}, {self.embed_dims}) '
                 f'tokens for hw_shape {tuple(hw_shape)}; got {tuple(x.shape)}')
-        kv_hw = (H, W)
-        if self.layout == 'swin':
-            q, k, v, g = self.qkvg(x).reshape(B, N, 4, C).unbind(2)
+        if self.family == 'swin':
+            q, k, v, g = self.qkvg(x).unflatten(-1, (4, C)).unbind(-2)
+            kv_hw = (H, W)
         else:
-            q, g = self.qg(x).reshape(B, N, 2, C).unbind(2)
+            if padding_mask is not None:
+                raise ValueError('padding_mask needs keys on the query grid (the '
+                                 "'swin' family)")
+            q, g = self.qg(x).unflatten(-1, (2, C)).unbind(-2)
+            kv_hw = (H, W)
             if self.reduction is not None:
                 x, kv_hw = self.reduction(x, hw_shape)
-            k, v = self.kv(x).reshape(B, -1, 2, C).unbind(2)
+            k, v = self.kv(x).unflatten(-1, (2, C)).unbind(-2)
         n = k.shape[1]
 
-        k = k + resize_token_grid(self.positional_encoding, self.pos_grid,
-                                  kv_hw, mode='bicubic')
+        if pos_encoding is None:
+            pos_encoding = resize_token_grid(self.positional_encoding, self.pos_grid,
+                                             kv_hw, mode='bicubic')
+        k = k + pos_encoding
+        eps = 1e-6
+        if padding_mask is not None:
+            if padding_mask.shape != (B, N):
+                raise ValueError(f'padding_mask must be ({B}, {N}), got '
+                                 f'{tuple(padding_mask.shape)}')
+            keep = (~padding_mask).unsqueeze(-1).to(k.dtype)
+            k, v = k * keep, v * keep
+            # the op's normaliser is q.sum(K)/n + eps: eps * n_real / n keeps that
+            # of the real keys alone
+            eps = keep.sum(dim=1).view(B, 1, 1, 1) * (eps / N)
         scale = F.softplus(self.scale)
-        q = self._split_heads(q / scale)
-        k = self._split_heads(k / scale)
-        v = self._split_heads(v)
+        h, d = self.num_heads, self.head_dims
+        q = (q / scale).unflatten(-1, (h, d)).transpose(1, 2)
+        k = (k / scale).unflatten(-1, (h, d)).transpose(1, 2)
+        v = v.unflatten(-1, (h, d)).transpose(1, 2)  # (B, h, n, d)
 
-        out = pola_linear_attention(q, k, v, self.power, self.alpha)
+        out = pola_linear_attention(q, k, v, self.power, self.alpha, eps)
         out = out.transpose(1, 2).reshape(B, N, C)
 
         # Local term: one depthwise conv shared by all heads, on v laid out per head.
-        h, d = self.num_heads, self.head_dims
         if n != N:
             # the official code stretches the flattened key sequence (1-D linear).
             v = F.interpolate(
@@ -153,8 +226,65 @@ class PolaLinearAttention(nn.Module):
         return self.proj_drop(out)
 
 
+class StagePositionalEncodings:
+    """The positional encodings of a stage's Pola blocks on the runtime key grid.
+
+    All ``P`` that need resizing to the same grid are resized in one bicubic call
+    (gradients still reach every block's own ``P``). With gradients off (inference)
+    the result is kept per key grid until a ``P`` changes (its version counter),
+    device or dtype; with gradients on it is computed at every call.
+    """
+
+    def __init__(self):
+        self._key = None
+        self._value: List[Optional[Tensor]] = []
+
+    def __call__(self, modules: Sequence[nn.Module],
+                 hw_shape: Sequence[int]) -> List[Optional[Tensor]]:
+        """One entry per module: the resized ``P`` of a :class:`PolaLinearAttention`
+        whose grid differs from its key grid, else None (the module uses its own
+        ``P``, or is no Pola module)."""
+        todo = [
+            i for i, m in enumerate(modules) if isinstance(m, PolaLinearAttention)
+            and m.key_grid(hw_shape) != m.pos_grid
+        ]
+        if not todo:
+            return [None] * len(modules)
+        params = [modules[i].positional_encoding for i in todo]
+        cache = not torch.is_grad_enabled()
+        if cache:
+            key = (tuple(hw_shape), tuple(todo),
+                   tuple((id(p), p._version, p.device, p.dtype) for p in params))
+            if key == self._key:
+                return self._value
+        out: List[Optional[Tensor]] = [None] * len(modules)
+        groups = {}
+        for i in todo:
+            m = modules[i]
+            groups.setdefault((m.pos_grid, m.key_grid(hw_shape)), []).append(i)
+        for (src, dst), indices in groups.items():
+            stacked = torch.cat([modules[i].positional_encoding for i in indices])
+            resized = resize_token_grid(stacked, src, dst, mode='bicubic')
+            for i, encoding in zip(indices, resized.split(1)):
+                out[i] = encoding
+        if cache:
+            self._key, self._value = key, out
+        return out
+
+
 class SpatialReductionAttention(nn.Module):
-    """PVT v1 softmax attention with spatially reduced keys/values ('S' stages)."""
+    """PVT v1 softmax attention with spatially reduced keys/values ('S' stages).
+
+    Args:
+        embed_dims (int): Channels C.
+        num_heads (int): Heads.
+        sr_ratio (int): Spatial reduction of keys/values. Default: 1.
+        qkv_bias (bool): Bias of the q/kv projections. Default: True.
+        attn_drop (float): Dropout on the attention weights. Default: 0.
+        proj_drop (float): Dropout after the output projection. Default: 0.
+
+    Input: tokens (B, H*W, C) on ``hw_shape``. Output: (B, H*W, C).
+    """
 
     def __init__(self,
                  embed_dims: int,
@@ -165,11 +295,11 @@ class SpatialReductionAttention(nn.Module):
                  proj_drop: float = 0.):
         super().__init__()
         self.num_heads = num_heads
-        self.head_dims = _head_dims(embed_dims, num_heads)
+        self.head_dims = head_dims(embed_dims, num_heads)
         self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
         self.kv = nn.Linear(embed_dims, 2 * embed_dims, bias=qkv_bias)
         self.reduction = (
-            _SpatialReduction(embed_dims, sr_ratio) if sr_ratio > 1 else None)
+            SpatialReduction(embed_dims, sr_ratio) if sr_ratio > 1 else None)
         self.attn_drop = attn_drop
         self.proj = nn.Linear(embed_dims, embed_dims)
         self.proj_drop = nn.Dropout(proj_drop)
@@ -198,7 +328,19 @@ def relative_position_index(window_size: int) -> Tensor:
 
 
 class WindowMSA(nn.Module):
-    """Swin window self-attention with a relative position bias ('S' stages)."""
+    """Swin window self-attention with a relative position bias ('S' stages).
+
+    Args:
+        embed_dims (int): Channels C.
+        num_heads (int): Heads.
+        window_size (int): Side w of the square windows.
+        qkv_bias (bool): Bias of the qkv projection. Default: True.
+        attn_drop (float): Dropout on the attention weights. Default: 0.
+        proj_drop (float): Dropout after the output projection. Default: 0.
+
+    Input: windows (B*nW, w*w, C) and an optional additive mask (nW, w*w, w*w).
+    Output: (B*nW, w*w, C).
+    """
 
     def __init__(self,
                  embed_dims: int,
@@ -209,7 +351,7 @@ class WindowMSA(nn.Module):
                  proj_drop: float = 0.):
         super().__init__()
         self.num_heads = num_heads
-        self.head_dims = _head_dims(embed_dims, num_heads)
+        self.head_dims = head_dims(embed_dims, num_heads)
         self.window_size = window_size
         self.relative_position_bias_table = nn.Parameter(
             torch.zeros((2 * window_size - 1)**2, num_heads))
@@ -223,7 +365,6 @@ class WindowMSA(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        """x: (B*nW, T, C) windows; mask: (nW, T, T) additive, or None."""
         Bw, T, C = x.shape
         qkv = self.qkv(x).reshape(Bw, T, 3, self.num_heads,
                                   self.head_dims).permute(2, 0, 3, 1, 4)

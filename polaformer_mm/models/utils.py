@@ -1,13 +1,16 @@
 """Small building blocks shared by the Pola backbones."""
-from typing import Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint as cp
+from mmcv.cnn import build_activation_layer, build_norm_layer
 from torch import Tensor
 
 
 def nlc_to_nchw(x: Tensor, hw_shape: Sequence[int]) -> Tensor:
+    """Tokens (B, H*W, C) -> map (B, C, H, W)."""
     H, W = hw_shape
     B, N, C = x.shape
     if N != H * W:
@@ -16,6 +19,7 @@ def nlc_to_nchw(x: Tensor, hw_shape: Sequence[int]) -> Tensor:
 
 
 def nchw_to_nlc(x: Tensor) -> Tensor:
+    """Map (B, C, H, W) -> tokens (B, H*W, C)."""
     return x.flatten(2).transpose(1, 2)
 
 
@@ -31,31 +35,64 @@ def pad_to_multiple(x: Tensor, multiple: int) -> Tensor:
 
 def resize_token_grid(tokens: Tensor, src_hw: Sequence[int],
                       dst_hw: Sequence[int], mode: str) -> Tensor:
-    """Resize (1, Hs*Ws, C) tokens laid out on ``src_hw`` to ``dst_hw``."""
+    """Resize (T, Hs*Ws, C) tokens laid out on ``src_hw`` to ``dst_hw``
+    (``F.interpolate`` with ``align_corners=False``); returned as they are when
+    the grids agree."""
     src_hw, dst_hw = tuple(src_hw), tuple(dst_hw)
     if src_hw == dst_hw:
         return tokens
-    _, N, C = tokens.shape
+    T, N, C = tokens.shape
     if N != src_hw[0] * src_hw[1]:
         raise ValueError(f'{N} tokens cannot be laid out on a {src_hw} grid')
-    grid = tokens.reshape(1, src_hw[0], src_hw[1], C).permute(0, 3, 1, 2)
+    grid = tokens.reshape(T, src_hw[0], src_hw[1], C).permute(0, 3, 1, 2)
     grid = F.interpolate(grid, size=dst_hw, mode=mode, align_corners=False)
     return grid.flatten(2).transpose(1, 2)
 
 
+def run_blocks(blocks: Sequence[nn.Module],
+               x: Tensor,
+               hw_shape: Sequence[int],
+               with_cp: bool = False,
+               extra_args: Optional[Sequence[Optional[Tensor]]] = None) -> Tensor:
+    """Run ``block(x, hw_shape[, extra])`` for every block in turn; with ``with_cp``
+    (and gradients needed) each block is recomputed in the backward pass instead of
+    keeping its activations (``torch.utils.checkpoint``, non-reentrant)."""
+    if extra_args is None:
+        extra_args = [None] * len(blocks)
+    for block, extra in zip(blocks, extra_args):
+        args = (x, hw_shape) if extra is None else (x, hw_shape, extra)
+        if with_cp and x.requires_grad:
+            x = cp.checkpoint(block, *args, use_reentrant=False)
+        else:
+            x = block(*args)
+    return x
+
+
 class PatchEmbed(nn.Module):
-    """Conv patchify (kernel = stride = patch) + LayerNorm.
+    """Conv patchify (kernel = stride = ``patch_size``) + norm.
 
     Inputs whose sides are not multiples of the patch are zero-padded on the
-    bottom/right, so output sizes are ``ceil(H / patch)``.
+    bottom/right, so output sizes are ``ceil(H / patch_size)``.
+
+    Args:
+        in_channels (int): Channels of the input map.
+        embed_dims (int): Output channels C.
+        patch_size (int): Kernel and stride of the projection.
+        norm_cfg (dict): Norm after the projection. Default: ``dict(type='LN')``.
+
+    Input: (B, in_channels, H, W). Output: tokens (B, h*w, C) and (h, w).
     """
 
-    def __init__(self, in_channels: int, embed_dims: int, patch_size: int):
+    def __init__(self,
+                 in_channels: int,
+                 embed_dims: int,
+                 patch_size: int,
+                 norm_cfg: dict = dict(type='LN')):
         super().__init__()
         self.patch_size = patch_size
         self.proj = nn.Conv2d(
             in_channels, embed_dims, kernel_size=patch_size, stride=patch_size)
-        self.norm = nn.LayerNorm(embed_dims)
+        self.norm = build_norm_layer(norm_cfg, embed_dims)[1]
 
     def forward(self, x: Tensor) -> Tuple[Tensor, Tuple[int, int]]:
         x = self.proj(pad_to_multiple(x, self.patch_size))
@@ -64,12 +101,25 @@ class PatchEmbed(nn.Module):
 
 
 class Mlp(nn.Module):
-    """fc1 - GELU - fc2 (dropout after each, as in the official blocks)."""
+    """fc1 - activation - dropout - fc2 - dropout (the official blocks' MLP).
 
-    def __init__(self, embed_dims: int, hidden_dims: int, drop: float = 0.):
+    Args:
+        embed_dims (int): Input and output channels.
+        hidden_dims (int): Hidden channels.
+        drop (float): Dropout after the activation and after fc2. Default: 0.
+        act_cfg (dict): Activation. Default: ``dict(type='GELU')``.
+
+    Input and output: (..., embed_dims).
+    """
+
+    def __init__(self,
+                 embed_dims: int,
+                 hidden_dims: int,
+                 drop: float = 0.,
+                 act_cfg: dict = dict(type='GELU')):
         super().__init__()
         self.fc1 = nn.Linear(embed_dims, hidden_dims)
-        self.act = nn.GELU()
+        self.act = build_activation_layer(act_cfg)
         self.fc2 = nn.Linear(hidden_dims, embed_dims)
         self.drop = nn.Dropout(drop)
 
@@ -77,7 +127,7 @@ class Mlp(nn.Module):
         return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
 
 
-def drop_path_rates(drop_path_rate: float, depths: Sequence[int]):
+def drop_path_rates(drop_path_rate: float, depths: Sequence[int]) -> List[List[float]]:
     """Linearly increasing stochastic-depth rates, split per stage."""
     rates = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
     out, start = [], 0

@@ -9,7 +9,7 @@ from polaformer_mm.models.checkpoint import convert_official_state_dict
 
 GOLDEN_FILES = [
     'pola_pvt_micro_LLLL.pt', 'pola_pvt_micro_LLSS_sr8421.pt',
-    'pola_swin_micro_LLSS.pt'
+    'pola_swin_micro_LLSS.pt', 'pola_swin_micro_LLSS_448.pt'
 ]
 
 
@@ -24,10 +24,15 @@ def load_golden(golden_dir, name):
     return data
 
 
-def backbone_cfg(kind, arch):
-    """Our backbone config for the official constructor arguments ``arch``."""
+def backbone_cfg(kind, arch, linear_window_size='official', **overrides):
+    """Our backbone config for the official constructor arguments ``arch``.
+
+    ``linear_window_size`` of Pola-Swin: 'official' takes the official
+    ``window_size`` (the 'L' window), None selects the global form; ``overrides``
+    replace any other key."""
     if kind == 'pola_pvt':
-        return dict(
+        assert linear_window_size == 'official', 'Pola-PVT has no windows'
+        cfg = dict(
             type='PolaPVT',
             arch=dict(
                 embed_dims=arch['embed_dims'],
@@ -40,21 +45,30 @@ def backbone_cfg(kind, arch):
             alpha=arch['alpha'],
             kernel_size=arch['kernel_size'],
             patch_size=arch['patch_size'])
-    assert kind == 'pola_swin'
-    return dict(
-        type='PolaSwin',
-        arch=dict(
-            embed_dims=arch['embed_dim'],
-            depths=arch['depths'],
-            num_heads=arch['num_heads']),
-        attn_types=arch['attn_type'],
-        alpha=arch['alpha'],
-        kernel_size=arch['kernel_size'],
-        drop_path_rate=arch['drop_path_rate'])
+    else:
+        assert kind == 'pola_swin'
+        window = arch.get('window_size', 56)
+        cfg = dict(
+            type='PolaSwin',
+            arch=dict(
+                embed_dims=arch['embed_dim'],
+                depths=arch['depths'],
+                num_heads=arch['num_heads']),
+            attn_types=arch['attn_type'],
+            # the official 'S' window: 7, or 12 where the 'L' window exceeds 56
+            window_size=7 if window <= 56 else 12,
+            linear_window_size=(window if linear_window_size == 'official' else
+                                linear_window_size),
+            pretrain_img_size=arch.get('img_size', 224),
+            alpha=arch['alpha'],
+            kernel_size=arch['kernel_size'],
+            drop_path_rate=arch['drop_path_rate'])
+    cfg.update(overrides)
+    return cfg
 
 
-def classifier_cfg(kind, arch, num_classes):
-    backbone = backbone_cfg(kind, arch)
+def classifier_cfg(kind, arch, num_classes, **backbone_kwargs):
+    backbone = backbone_cfg(kind, arch, **backbone_kwargs)
     backbone['out_indices'] = (3, )
     in_channels = (
         arch['embed_dims'][-1] if kind == 'pola_pvt' else arch['embed_dim'] *
@@ -69,15 +83,16 @@ def classifier_cfg(kind, arch, num_classes):
             in_channels=in_channels))
 
 
-def build_classifier(data):
+def build_classifier(data, **backbone_kwargs):
     """mmpretrain ImageClassifier for a golden file's arch (not loaded)."""
     with DefaultScope.overwrite_default_scope('mmpretrain'):
         return PRETRAIN_MODELS.build(
-            classifier_cfg(data['kind'], data['arch'], data['logits'].shape[-1]))
+            classifier_cfg(data['kind'], data['arch'], data['logits'].shape[-1],
+                           **backbone_kwargs))
 
 
-def build_golden_classifier(data):
-    model = build_classifier(data)
+def build_golden_classifier(data, **backbone_kwargs):
+    model = build_classifier(data, **backbone_kwargs)
     model.load_state_dict(convert_official_state_dict(data['state_dict']),
                           strict=True)
     return model.eval()

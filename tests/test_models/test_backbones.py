@@ -22,7 +22,11 @@ def _expected_shapes(model, hw):
 @pytest.fixture(scope='module')
 def tiny_models():
     torch.manual_seed(0)
-    models = [PolaPVT(arch='tiny'), PolaSwin(arch='tiny')]
+    models = [
+        PolaPVT(arch='tiny'),
+        PolaSwin(arch='tiny'),  # official 56 / 28 windows for 'L' stages
+        PolaSwin(arch='tiny', linear_window_size=None)  # global 'L' stages
+    ]
     for m in models:
         m.init_weights()
         m.eval()
@@ -85,16 +89,21 @@ def test_out_indices_and_norms():
     assert [o.shape[1] for o in outs] == [64, 320]
 
 
-@pytest.mark.parametrize('cls', [PolaPVT, PolaSwin])
-def test_with_cp_same_outputs_and_gradients(cls):
+@pytest.mark.parametrize('cls,kwargs', [
+    (PolaPVT, {}),
+    (PolaSwin, {}),
+    (PolaSwin, dict(linear_window_size=8)),  # padded and shifted 'L' windows
+    (PolaSwin, dict(linear_window_size=None)),
+], ids=['pvt', 'swin', 'swin-w8', 'swin-global'])
+def test_with_cp_same_outputs_and_gradients(cls, kwargs):
     torch.manual_seed(0)
     arch = (dict(embed_dims=[16, 32, 48, 64], depths=[1, 2, 1, 1],
                  num_heads=[1, 2, 3, 4], mlp_ratios=[2, 2, 2, 2],
                  sr_ratios=[8, 4, 2, 1]) if cls is PolaPVT else
             dict(embed_dims=16, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8]))
-    ref = cls(arch=arch, drop_path_rate=0.)
+    ref = cls(arch=arch, drop_path_rate=0., **kwargs)
     ref.init_weights()
-    ckpt = cls(arch=arch, drop_path_rate=0., with_cp=True)
+    ckpt = cls(arch=arch, drop_path_rate=0., with_cp=True, **kwargs)
     ckpt.load_state_dict(ref.state_dict())
     x = torch.randn(2, 3, 70, 90)
     results = []
@@ -184,3 +193,215 @@ def test_bad_arguments_are_named():
         PolaPVT(la_sr_ratios=(1, 1))
     with pytest.raises(ValueError, match=r'\(B, C, H, W\)'):
         PolaPVT()(torch.randn(3, 32, 32))
+
+
+def _swin_l_block(window, shifted, embed_dims=16, num_heads=2):
+    from polaformer_mm.models.backbones.pola_swin import SwinBlock
+    block = SwinBlock(embed_dims, num_heads, attn_type='L', shifted=shifted,
+                      linear_window_size=window, pos_grid=(window, window),
+                      mlp_ratio=2.)
+    for p in block.parameters():  # the Pola parameters start at zero: randomise all
+        torch.nn.init.normal_(p, std=0.3)
+    return block.double().eval()
+
+
+def test_linear_window_padded_tokens_take_no_part():
+    """Whatever the padded tokens hold, the outputs of the real tokens stay the same."""
+    torch.manual_seed(0)
+    attn = _swin_l_block(8, False).attn
+    padding = torch.rand(3, 64) < 0.4
+    padding[0] = False  # one window without padding
+    x = torch.randn(3, 64, 16, dtype=torch.float64)
+    garbage = torch.where(padding[..., None], 1e3 * torch.randn_like(x), x)
+    with torch.no_grad():
+        a = attn(x, (8, 8), padding_mask=padding)
+        b = attn(garbage, (8, 8), padding_mask=padding)
+    real = ~padding
+    torch.testing.assert_close(a[real], b[real], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize('hw', [(5, 6), (8, 3), (1, 1)])
+def test_linear_window_padding_equals_the_unpadded_map(hw):
+    """A map padded into a larger window gives, on its real tokens, exactly what the
+    unpadded map gives (the same P positions, no padded keys, the depthwise conv
+    seeing zeros beyond the map as at a window border)."""
+    torch.manual_seed(0)
+    H, W = hw
+    block = _swin_l_block(8, True)  # shifted, but a map smaller than the window is not
+    x = torch.randn(2, H * W, 16, dtype=torch.float64)
+    with torch.no_grad():
+        padded = block._window_attention(x, hw)
+        # the same attention without padding: P cropped to the map
+        from polaformer_mm.models.attention import PolaLinearAttention
+        exact = PolaLinearAttention(16, 2, pos_grid=hw, family='swin').double()
+        state = block.attn.state_dict()
+        state['positional_encoding'] = state['positional_encoding'].reshape(
+            1, 8, 8, 16)[:, :H, :W].reshape(1, H * W, 16)
+        exact.load_state_dict(state)
+        ref = exact(x, hw)
+    torch.testing.assert_close(padded, ref, rtol=0, atol=1e-12)
+
+
+def test_linear_window_shift_follows_the_official_rule():
+    """Odd blocks shift by half a window when the map exceeds the window along both
+    sides (padding does not change which tokens share a window before the roll)."""
+    from polaformer_mm.models.backbones.pola_swin import _window_shift
+    assert _window_shift((112, 112), 56, True) == 28
+    assert _window_shift((56, 56), 56, True) == 0
+    assert _window_shift((200, 334), 56, True) == 28
+    assert _window_shift((40, 334), 56, True) == 0
+    assert _window_shift((200, 334), 56, False) == 0
+    torch.manual_seed(0)
+    model = PolaSwin(arch=dict(embed_dims=16, depths=[2, 2, 2, 2],
+                               num_heads=[1, 2, 4, 8]), linear_window_size=56)
+    assert [b.window_size for b in model.stages[0].blocks] == [56, 56]
+    assert [b.window_size for b in model.stages[1].blocks] == [28, 28]
+    assert [b.window_size for b in model.stages[2].blocks] == [7, 7]
+    assert tuple(model.stages[1].blocks[1].attn.pos_grid) == (28, 28)
+    glob = PolaSwin(arch=dict(embed_dims=16, depths=[2, 2, 2, 2],
+                              num_heads=[1, 2, 4, 8]), linear_window_size=None)
+    assert all(b.window_size is None for b in glob.stages[0].blocks)
+
+
+@pytest.mark.parametrize('form', [96, None])
+def test_swin_base_384_official_layout(golden_dir, form):
+    """The official 384 Swin-B (WINDOW_SIZE 96, 'S' windows 12): its key layout
+    converts and loads into PolaSwin(pretrain_img_size=384) in both forms."""
+    shapes = dict(_official_shapes(golden_dir)['pola_swin_base'])
+    for key in list(shapes):
+        if key.endswith('positional_encoding'):
+            stage = int(key.split('.')[1])
+            shapes[key] = [1, (96 // 2**stage)**2, 128 * 2**stage]
+        elif key.endswith('relative_position_bias_table'):
+            shapes[key] = [23 * 23, shapes[key][1]]
+        elif key.endswith('relative_position_index'):
+            shapes[key] = [144, 144]
+    model = PolaSwin(arch='base', pretrain_img_size=384, window_size=12,
+                     linear_window_size=form, out_indices=(3, ))
+    fake = {k: torch.zeros(s) for k, s in shapes.items()}
+    converted = {
+        k[len('backbone.'):]: v
+        for k, v in convert_official_state_dict(fake).items()
+        if k.startswith('backbone.')
+    }
+    model.load_state_dict(converted, strict=True)
+    assert [b.window_size for b in model.stages[0].blocks] == [form, form]
+
+
+@pytest.mark.parametrize('kwargs,match', [
+    (dict(la_sr_ratios=(0, 1, 1, 1)), r'la_sr_ratios'),
+    (dict(la_sr_ratios=4), r'la_sr_ratios must be a list'),
+    (dict(patch_size=0), r'patch_size must be a positive int'),
+    (dict(arch=dict(embed_dims=[8] * 4, depths=[1] * 4, num_heads=[1] * 4,
+                    mlp_ratios=[1] * 4, sr_ratios=8)), r'arch sr_ratios must be a list'),
+    (dict(arch=dict(embed_dims=[8] * 4, depths=[1, 0, 1, 1], num_heads=[1] * 4,
+                    mlp_ratios=[1] * 4, sr_ratios=[1] * 4)), r'arch depths'),
+    (dict(pretrain_img_size=8), r'pretrain_img_size=\(8, 8\) is too small'),
+    (dict(la_sr_ratios=(8, 8, 8, 8)), r'la_sr_ratios\[3\]=8 exceeds stage 3'),
+    (dict(alpha=float('nan')), r'alpha must be finite and > 0'),
+    (dict(alpha=-0.5), r'alpha must be finite and > 0'),
+    (dict(kernel_size=4), r'kernel_size odd'),
+    (dict(drop_path_rate=1.5), r'drop_path_rate must be in \[0, 1\)'),
+])
+def test_pvt_arguments_are_checked_at_construction(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        PolaPVT(**kwargs)
+
+
+@pytest.mark.parametrize('kwargs,match', [
+    (dict(window_size=0), r'window_size must be a positive int'),
+    (dict(window_size=-7), r'window_size must be a positive int'),
+    (dict(linear_window_size=0), r'linear_window_size must be a positive int'),
+    (dict(patch_size=0), r'patch_size must be a positive int'),
+    (dict(pretrain_img_size=16), r'too small for patch_size=4 and 4 stages'),
+    (dict(arch=dict(embed_dims=16, depths=[1] * 4, num_heads=3)),
+     r'arch num_heads must be a list'),
+    (dict(arch=dict(embed_dims=16, depths=[1] * 4, num_heads=[1, 2, 3, 4])),
+     r'not divisible'),
+    (dict(alpha=0), r'alpha must be finite and > 0'),
+    (dict(mlp_ratio=0), r'mlp_ratio must be > 0'),
+])
+def test_swin_arguments_are_checked_at_construction(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        PolaSwin(**kwargs)
+
+
+@pytest.mark.parametrize('cls', [PolaPVT, PolaSwin])
+def test_empty_or_wrong_inputs_are_named(cls):
+    model = cls(arch='tiny')
+    with pytest.raises(ValueError, match=r'empty batch or image: input shape \(0, 3'):
+        model(torch.randn(0, 3, 64, 64))
+    with pytest.raises(ValueError, match='expects 3 input channels'):
+        model(torch.randn(1, 4, 64, 64))
+
+
+def test_norm_and_act_cfg_are_used():
+    pvt = PolaPVT(arch='tiny', act_cfg=dict(type='ReLU'),
+                  norm_cfg=dict(type='LN', eps=1e-3))
+    block = pvt.layers[0].blocks[0]
+    assert isinstance(block.mlp.act, torch.nn.ReLU)
+    assert block.norm1.eps == block.norm2.eps == 1e-3
+    assert PolaPVT().layers[0].blocks[0].norm1.eps == 1e-6  # official default
+    swin = PolaSwin(arch='tiny', act_cfg=dict(type='SiLU'),
+                    norm_cfg=dict(type='LN', eps=1e-4))
+    assert isinstance(swin.stages[2].blocks[0].mlp.act, torch.nn.SiLU)
+    norms = [m for m in swin.modules() if isinstance(m, torch.nn.LayerNorm)]
+    assert norms and all(m.eps == 1e-4 for m in norms)
+
+
+def _pvt_stage_with_resized_encodings():
+    torch.manual_seed(0)
+    model = PolaPVT(arch=dict(embed_dims=[16, 32, 48, 64], depths=[3, 1, 1, 1],
+                              num_heads=[1, 2, 3, 4], mlp_ratios=[2] * 4,
+                              sr_ratios=[8, 4, 2, 1]), la_sr_ratios=(2, 1, 1, 1))
+    for attn in (b.attn for b in model.layers[0].blocks):
+        torch.nn.init.normal_(attn.positional_encoding)
+    return model
+
+
+def test_stage_resizes_every_block_encoding_in_one_call():
+    """The batched resize gives each block what resizing its own P gives, and the
+    gradients reach every block's own P."""
+    from polaformer_mm.models.attention import StagePositionalEncodings
+    from polaformer_mm.models.utils import resize_token_grid
+    model = _pvt_stage_with_resized_encodings()
+    attns = [b.attn for b in model.layers[0].blocks]
+    hw = (13, 19)  # key grid (7, 10) after the ratio-2 reduction
+    encodings = StagePositionalEncodings()(attns, hw)
+    for attn, enc in zip(attns, encodings):
+        own = resize_token_grid(attn.positional_encoding, attn.pos_grid, (7, 10),
+                                mode='bicubic')
+        torch.testing.assert_close(enc, own, rtol=0, atol=0)
+    sum((e * torch.randn_like(e)).sum() for e in encodings).backward()
+    assert all(a.positional_encoding.grad.abs().sum() > 0 for a in attns)
+    # the backbone's forward uses them: the same output as each block resizing alone
+    x = torch.randn(1, 3, 52, 76)
+    with torch.no_grad():
+        batched = model(x)
+        stage = model.layers[0]
+        tokens, grid = stage.patch_embed(x)
+        from polaformer_mm.models.utils import resize_token_grid as resize
+        tokens = tokens + resize(stage.pos_embed, stage.pos_grid, grid, 'bilinear')
+        for block in stage.blocks:
+            tokens = block(tokens, grid)  # pos_encoding=None: resized in the module
+    torch.testing.assert_close(batched[0].flatten(2).transpose(1, 2), tokens,
+                               rtol=0, atol=1e-6)
+
+
+def test_stage_encodings_cached_without_gradients_until_a_parameter_changes():
+    from polaformer_mm.models.attention import StagePositionalEncodings
+    model = _pvt_stage_with_resized_encodings()
+    attns = [b.attn for b in model.layers[0].blocks]
+    cache = StagePositionalEncodings()
+    with torch.no_grad():
+        first = cache(attns, (13, 19))
+        assert cache(attns, (13, 19)) is first  # kept
+        assert cache(attns, (9, 9)) is not first  # another grid
+        again = cache(attns, (13, 19))
+        attns[1].positional_encoding.add_(1.)  # an optimizer step, a weight load
+        updated = cache(attns, (13, 19))
+    assert updated is not again
+    torch.testing.assert_close(updated[1], again[1] + 1., rtol=0, atol=1e-5)
+    # with gradients: computed anew, differentiable
+    with_grad = cache(attns, (13, 19))
+    assert with_grad is not updated and with_grad[0].requires_grad

@@ -47,3 +47,34 @@ def test_shift_mask_matches_official_buffer(golden_dir):
     official = data['state_dict']['layers.2.blocks.1.attn_mask']  # 14x14, window 7
     ours = _window_mask(14, 14, 7, 3, torch.device('cpu'))
     assert torch.equal(ours, official)
+
+
+def test_swin_224_golden_in_both_window_forms(golden_dir):
+    """At 224 every 'L' stage is one window: the windowed (official) and the
+    global form are the same computation."""
+    data = load_golden(golden_dir, 'pola_swin_micro_LLSS.pt')
+    for form in (56, None):
+        model = build_golden_classifier(data, linear_window_size=form)
+        with torch.no_grad():
+            logits = model(data['input'], mode='tensor')
+        torch.testing.assert_close(logits, data['logits'], rtol=0, atol=1e-4,
+                                   msg=f'linear_window_size={form}')
+
+
+def test_swin_448_golden_uses_windows(golden_dir):
+    """At 448 the official stage-1 map (112x112) is split into four 56x56 windows,
+    shifted by 28 in the second block, each with the 56x56 P as learned; stage 2
+    (56x56) is one window. The logits are checked by the tests above."""
+    data = load_golden(golden_dir, 'pola_swin_micro_LLSS_448.pt')
+    assert data['arch']['img_size'] == 448 and data['arch']['window_size'] == 56
+    model = build_golden_classifier(data)
+    stages = model.backbone.stages
+    assert [b.window_size for b in stages[0].blocks] == [56, 56]
+    assert [b.shifted for b in stages[0].blocks] == [False, True]
+    for stage in stages[:2]:
+        assert all(tuple(b.attn.pos_grid) == (56, 56) for b in stage.blocks)
+    # without the shift of the second block the result is another one
+    stages[0].blocks[1].shifted = False
+    with torch.no_grad():
+        unshifted = model(data['input'], mode='tensor')
+    assert (unshifted - data['logits']).abs().max() > 1e-3

@@ -14,12 +14,12 @@ def _randomise(module, seed=0):
     return module
 
 
-@pytest.mark.parametrize('layout,sr', [('pvt', 1), ('pvt', 2), ('pvt', 4),
+@pytest.mark.parametrize('family,sr', [('pvt', 1), ('pvt', 2), ('pvt', 4),
                                        ('swin', 1)])
 @pytest.mark.parametrize('hw', [(8, 8), (7, 13), (1, 5), (16, 12)])
-def test_any_grid(layout, sr, hw):
+def test_any_grid(family, sr, hw):
     attn = _randomise(PolaLinearAttention(
-        24, 3, pos_grid=(8 // sr, 8 // sr), sr_ratio=sr, layout=layout))
+        24, 3, pos_grid=(8 // sr, 8 // sr), sr_ratio=sr, family=family))
     x = torch.randn(2, hw[0] * hw[1], 24)
     out = attn(x, hw)
     assert out.shape == x.shape and torch.isfinite(out).all()
@@ -49,7 +49,7 @@ def _reference_forward(attn, x, hw, pos):
 
 
 def test_positional_encoding_as_is_on_its_grid_resized_bicubic_elsewhere():
-    attn = _randomise(PolaLinearAttention(16, 2, pos_grid=(4, 6), layout='swin'))
+    attn = _randomise(PolaLinearAttention(16, 2, pos_grid=(4, 6), family='swin'))
     pe = attn.positional_encoding
     with torch.no_grad():
         x = torch.randn(2, 24, 16)
@@ -68,4 +68,4 @@ def test_bad_input_is_named():
     with pytest.raises(ValueError, match='not divisible'):
         PolaLinearAttention(16, 3, pos_grid=(4, 4))
     with pytest.raises(ValueError, match='sr_ratio'):
-        PolaLinearAttention(16, 2, pos_grid=(4, 4), sr_ratio=2, layout='swin')
+        PolaLinearAttention(16, 2, pos_grid=(4, 4), sr_ratio=2, family='swin')

@@ -1,16 +1,49 @@
-"""What PolaPVT and PolaSwin share: stage freezing, gradient checkpointing,
-weight init and loading of official or converted checkpoints."""
+"""What PolaPVT and PolaSwin share: argument checks, stage freezing, the forward
+over stages, weight init and loading of official or converted checkpoints."""
+import math
 import warnings
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch.nn as nn
-import torch.utils.checkpoint as cp
 from mmengine.logging import MMLogger
 from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
+from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..utils import nlc_to_nchw
+
+
+def check_positive_int(name: str, value) -> int:
+    """``value`` as an int >= 1, else a ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f'{name} must be a positive int, got {value!r}')
+    return value
+
+
+def check_probability(name: str, value) -> float:
+    """A rate in [0, 1), else a ValueError naming ``name``."""
+    if not (isinstance(value, (int, float)) and 0 <= value < 1):
+        raise ValueError(f'{name} must be in [0, 1), got {value!r}')
+    return float(value)
+
+
+def check_stage_list(name: str, values, num_stages: int) -> List[int]:
+    """One positive int per stage (a list or tuple; digits of a str are accepted
+    too), else a ValueError naming ``name``."""
+    if isinstance(values, str) and values.isdigit():
+        values = [int(c) for c in values]
+    if not isinstance(values, (list, tuple)):
+        raise ValueError(f'{name} must be a list of {num_stages} positive ints (one '
+                         f'per stage), got {values!r}')
+    values = list(values)
+    if len(values) != num_stages:
+        raise ValueError(f'{name} needs {num_stages} values (one per stage), got '
+                         f'{values}')
+    try:
+        return [check_positive_int(f'{name}[{i}]', v) for i, v in enumerate(values)]
+    except ValueError:
+        raise ValueError(f'{name} must hold positive ints, got {values}') from None
 
 
 def _freeze(module: nn.Module) -> None:
@@ -22,12 +55,13 @@ def _freeze(module: nn.Module) -> None:
 class PolaBackboneBase(BaseModule):
     """Common behaviour of the Pola backbones.
 
-    Subclasses set ``kind`` ('pvt' or 'swin'), ``arch_zoo``, ``_arch_keys`` and
-    ``_arch_defaults``, and implement ``forward_stages`` (yielding raw stage tokens
-    and their grid) and ``_frozen_modules`` (the modules ``frozen_stages`` covers).
+    Subclasses set ``family`` ('pvt' or 'swin': the official model family, whose
+    checkpoints they load), ``arch_zoo``, ``_arch_keys`` and ``_arch_defaults``, and
+    implement ``forward_stages`` (yielding raw stage tokens and their grid) and
+    ``_frozen_modules`` (the modules ``frozen_stages`` covers).
     """
 
-    kind = None
+    family: Optional[str] = None
     arch_zoo: Dict[str, dict] = {}
     _arch_keys: Tuple[str, ...] = ()
     _arch_defaults: dict = {}
@@ -65,7 +99,26 @@ class PolaBackboneBase(BaseModule):
         lengths = {k: len(v) for k, v in arch.items() if isinstance(v, list)}
         if len(set(lengths.values())) != 1:
             raise ValueError(f'{name} arch lists differ in length: {lengths}')
+        check_stage_list('arch depths', arch['depths'], len(arch['depths']))
         return arch
+
+    @staticmethod
+    def _stage_grids(pretrain_img_size: Tuple[int, int], patch_size: int,
+                     num_stages: int) -> List[Tuple[int, int]]:
+        """The token grid of every stage at ``pretrain_img_size`` (patch, then
+        halving); an error when a stage would have no token."""
+        for s in pretrain_img_size:
+            check_positive_int('pretrain_img_size', s)
+        grid = [s // patch_size for s in pretrain_img_size]
+        grids = [tuple(s // 2**i for s in grid) for i in range(num_stages)]
+        if min(grids[-1]) < 1:
+            smallest = patch_size * 2**(num_stages - 1)
+            raise ValueError(
+                f'pretrain_img_size={tuple(pretrain_img_size)} is too small for '
+                f'patch_size={patch_size} and {num_stages} stages: stage '
+                f'{num_stages - 1} would have a {grids[-1]} grid (needs >= '
+                f'{smallest} per side)')
+        return grids
 
     def _setup_stages(self, num_stages: int, attn_types: str,
                       out_indices: Sequence[int], frozen_stages: int,
@@ -96,10 +149,19 @@ class PolaBackboneBase(BaseModule):
         """Hook applied to the tokens of each returned stage (default: as they are)."""
         return tokens
 
-    def forward(self, x):
+    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+        """Images (B, C, H, W) -> the maps of the ``out_indices`` stages."""
+        name = type(self).__name__
         if x.dim() != 4:
-            raise ValueError(f'{type(self).__name__} expects (B, C, H, W) images, '
+            raise ValueError(f'{name} expects (B, C, H, W) images, '
                              f'got {tuple(x.shape)}')
+        if 0 in x.shape:
+            raise ValueError(f'{name} got an empty batch or image: input shape '
+                             f'{tuple(x.shape)}')
+        in_channels = self._in_channels()
+        if x.shape[1] != in_channels:
+            raise ValueError(f'{name} expects {in_channels} input channels '
+                             f'(in_channels), got images of shape {tuple(x.shape)}')
         outs = []
         last = max(self.out_indices)
         for i, (tokens, hw_shape) in enumerate(self.forward_stages(x)):
@@ -109,10 +171,9 @@ class PolaBackboneBase(BaseModule):
                 break
         return tuple(outs)
 
-    def _run_block(self, block: nn.Module, x, hw_shape):
-        if self.with_cp and x.requires_grad:
-            return cp.checkpoint(block, x, hw_shape, use_reentrant=False)
-        return block(x, hw_shape)
+    def _in_channels(self) -> int:
+        first = next(m for m in self.modules() if isinstance(m, nn.Conv2d))
+        return first.in_channels
 
     def _frozen_modules(self):
         raise NotImplementedError
@@ -139,7 +200,7 @@ class PolaBackboneBase(BaseModule):
             from ..checkpoint import load_backbone_weights
             checkpoint = init_cfg.get('checkpoint')
             state_dict = load_backbone_weights(
-                checkpoint, kind=self.kind, prefix=init_cfg.get('prefix', None))
+                checkpoint, kind=self.family, prefix=init_cfg.get('prefix', None))
             self._load_pretrained(state_dict, checkpoint)
             self._is_init = True
             return

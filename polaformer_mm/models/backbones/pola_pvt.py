@@ -1,26 +1,75 @@
 """Pola-PVT: PVT v1 with polarity-aware linear attention, at any input size."""
-from typing import Dict, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
+from mmcv.cnn import build_norm_layer
 from mmcv.cnn.bricks import DropPath
+from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 from mmengine.utils import to_2tuple
+from torch import Tensor
 
-from ..attention import PolaLinearAttention, SpatialReductionAttention
+from ..attention import (PolaLinearAttention, SpatialReductionAttention,
+                         StagePositionalEncodings)
 from ..utils import (Mlp, PatchEmbed, drop_path_rates, nlc_to_nchw,
-                     resize_token_grid)
-from .base import PolaBackboneBase
+                     resize_token_grid, run_blocks)
+from .base import (PolaBackboneBase, check_positive_int, check_probability,
+                   check_stage_list)
 
 
-class PVTBlock(nn.Module):
-    """norm1 -> attention -> residual, norm2 -> MLP -> residual (LayerNorm eps 1e-6)."""
+class PVTBlock(BaseModule):
+    """Pre-norm transformer block of PVT v1: ``x + attn(norm1(x))``, then
+    ``x + mlp(norm2(x))``, each branch with stochastic depth.
 
-    def __init__(self, embed_dims, num_heads, mlp_ratio, attn_type, sr_ratio,
-                 la_sr_ratio, pos_grid, alpha, kernel_size, qkv_bias, drop,
-                 drop_path):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(embed_dims, eps=1e-6)
+    Args:
+        embed_dims (int): Channels C of the tokens.
+        num_heads (int): Attention heads (C must be divisible by them).
+        mlp_ratio (float): Hidden width of the MLP as a multiple of C.
+        attn_type (str): 'L' for :class:`PolaLinearAttention` (PVT projections
+            ``qg`` / ``kv``), 'S' for PVT's softmax spatial-reduction attention.
+        sr_ratio (int): Spatial reduction of keys/values of an 'S' block.
+        la_sr_ratio (int): Spatial reduction of keys/values of an 'L' block.
+            Default: 1.
+        pos_grid (Sequence[int]): (H0, W0), the token grid at pretraining; an
+            'L' block's positional encoding is learned on ``pos_grid / la_sr_ratio``.
+            Default: (56, 56).
+        alpha (float): Pola exponent ``1 + alpha * sigmoid(power)``. Default: 4.0.
+        kernel_size (int): Pola depthwise-conv kernel. Default: 5.
+        qkv_bias (bool): Bias of the query/key/value(/gate) projections.
+            Default: True.
+        drop_rate (float): Dropout after the attention and MLP projections.
+            Default: 0.
+        attn_drop_rate (float): Dropout on the softmax weights of an 'S' block.
+            Default: 0.
+        drop_path_rate (float): Stochastic depth of both branches. Default: 0.
+        norm_cfg (dict): The two pre-norms. Default: ``dict(type='LN', eps=1e-6)``.
+        act_cfg (dict): MLP activation. Default: ``dict(type='GELU')``.
+        init_cfg (dict, optional): mmengine initialisation config. Default: None.
+
+    Inputs: tokens (B, H*W, C) and their grid ``hw_shape`` (H, W).
+    Output: tokens (B, H*W, C).
+    """
+
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 mlp_ratio: float,
+                 attn_type: str,
+                 sr_ratio: int,
+                 la_sr_ratio: int = 1,
+                 pos_grid: Sequence[int] = (56, 56),
+                 alpha: float = 4.0,
+                 kernel_size: int = 5,
+                 qkv_bias: bool = True,
+                 drop_rate: float = 0.,
+                 attn_drop_rate: float = 0.,
+                 drop_path_rate: float = 0.,
+                 norm_cfg: dict = dict(type='LN', eps=1e-6),
+                 act_cfg: dict = dict(type='GELU'),
+                 init_cfg: Optional[dict] = None):
+        super().__init__(init_cfg=init_cfg)
+        self.norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
         if attn_type == 'L':
             self.attn = PolaLinearAttention(
                 embed_dims,
@@ -30,61 +79,147 @@ class PVTBlock(nn.Module):
                 kernel_size=kernel_size,
                 alpha=alpha,
                 qkv_bias=qkv_bias,
-                layout='pvt',
-                proj_drop=drop)
-        else:
+                family='pvt',
+                proj_drop=drop_rate)
+        elif attn_type == 'S':
             self.attn = SpatialReductionAttention(
-                embed_dims, num_heads, sr_ratio=sr_ratio, qkv_bias=qkv_bias,
-                proj_drop=drop)
-        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.norm2 = nn.LayerNorm(embed_dims, eps=1e-6)
-        self.mlp = Mlp(embed_dims, int(embed_dims * mlp_ratio), drop=drop)
+                embed_dims,
+                num_heads,
+                sr_ratio=sr_ratio,
+                qkv_bias=qkv_bias,
+                attn_drop=attn_drop_rate,
+                proj_drop=drop_rate)
+        else:
+            raise ValueError(f"attn_type must be 'L' or 'S', got {attn_type!r}")
+        self.drop_path = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
+        self.norm2 = build_norm_layer(norm_cfg, embed_dims)[1]
+        self.mlp = Mlp(embed_dims, int(embed_dims * mlp_ratio), drop=drop_rate,
+                       act_cfg=act_cfg)
 
-    def forward(self, x, hw_shape):
-        x = x + self.drop_path(self.attn(self.norm1(x), hw_shape))
+    def forward(self, x: Tensor, hw_shape: Sequence[int],
+                pos_encoding: Optional[Tensor] = None) -> Tensor:
+        """``pos_encoding``: an 'L' block's positional encoding already resized to
+        the key grid (see :meth:`PVTStage.forward`); None resizes it here."""
+        y = self.norm1(x)
+        if isinstance(self.attn, PolaLinearAttention):
+            y = self.attn(y, hw_shape, pos_encoding=pos_encoding)
+        else:
+            y = self.attn(y, hw_shape)
+        x = x + self.drop_path(y)
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
-class PVTStage(nn.Module):
-    """Patch embedding + learned absolute position embedding + blocks."""
+class PVTStage(BaseModule):
+    """One PVT stage: patch embedding, learned absolute position embedding
+    (resized bilinearly when the grid differs from ``pos_grid``), blocks.
 
-    def __init__(self, in_channels, embed_dims, patch_size, pos_grid, drop_rate,
-                 blocks):
-        super().__init__()
+    Args:
+        in_channels (int): Channels of the input map.
+        embed_dims (int): Channels C of the stage.
+        patch_size (int): Kernel and stride of the patch embedding.
+        pos_grid (Sequence[int]): (H0, W0), the stage's grid at pretraining.
+        depth (int): Number of :class:`PVTBlock`.
+        drop_rate (float): Dropout after the position embedding (and in the
+            blocks). Default: 0.
+        drop_path_rates (Sequence[float], optional): Stochastic depth per block.
+            Default: None (no drop path).
+        with_cp (bool): Gradient checkpointing per block. Default: False.
+        block_cfg (dict): The other :class:`PVTBlock` arguments (``num_heads``,
+            ``mlp_ratio``, ``attn_type``, ``sr_ratio``, ``la_sr_ratio``, ``alpha``,
+            ``kernel_size``, ``qkv_bias``, ``attn_drop_rate``, ``norm_cfg``,
+            ``act_cfg``).
+        init_cfg (dict, optional): mmengine initialisation config. Default: None.
+
+    Input: a map (B, in_channels, H, W). Output: tokens (B, h*w, C) and their grid
+    (h, w) = (ceil(H / patch_size), ceil(W / patch_size)).
+    """
+
+    def __init__(self,
+                 in_channels: int,
+                 embed_dims: int,
+                 patch_size: int,
+                 pos_grid: Sequence[int],
+                 depth: int,
+                 drop_rate: float = 0.,
+                 drop_path_rates: Optional[Sequence[float]] = None,
+                 with_cp: bool = False,
+                 init_cfg: Optional[dict] = None,
+                 **block_cfg):
+        super().__init__(init_cfg=init_cfg)
         self.pos_grid = tuple(pos_grid)
+        self.with_cp = with_cp
         self.patch_embed = PatchEmbed(in_channels, embed_dims, patch_size)
         self.pos_embed = nn.Parameter(
             torch.zeros(1, pos_grid[0] * pos_grid[1], embed_dims))
         self.pos_drop = nn.Dropout(drop_rate)
-        self.blocks = nn.ModuleList(blocks)
+        drop_path_rates = drop_path_rates or [0.] * depth
+        self.blocks = nn.ModuleList(
+            PVTBlock(embed_dims, pos_grid=pos_grid, drop_rate=drop_rate,
+                     drop_path_rate=drop_path_rates[j], **block_cfg)
+            for j in range(depth))
+        self._pos_encodings = StagePositionalEncodings()
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, Tuple[int, int]]:
+        x, hw_shape = self.patch_embed(x)
+        pos = resize_token_grid(self.pos_embed, self.pos_grid, hw_shape,
+                                mode='bilinear')
+        x = self.pos_drop(x + pos)
+        encodings = self._pos_encodings([b.attn for b in self.blocks], hw_shape)
+        x = run_blocks(self.blocks, x, hw_shape, self.with_cp, encodings)
+        return x, hw_shape
 
 
 @MODELS.register_module()
 class PolaPVT(PolaBackboneBase):
-    """Pola-PVT backbone (PVT v1 layout with polarity-aware linear attention).
+    """Pola-PVT backbone: PVT v1 with polarity-aware linear attention.
 
     Args:
-        arch (str | dict): 'tiny', 'small', 'medium', 'large', or a dict with
-            ``embed_dims, depths, num_heads, mlp_ratios, sr_ratios``.
-        la_sr_ratios (Sequence[int] | str): spatial-reduction ratio of each 'L'
-            stage (official default 1-1-1-1); '8421' is accepted too.
-        attn_types (str): per stage, 'L' (Pola linear attention) or 'S' (PVT
-            softmax spatial-reduction attention with ``sr_ratios``).
-        alpha (float), kernel_size (int): Pola attention settings.
-        pretrain_img_size (int | tuple): input size the position embeddings and
-            the Pola positional encodings were learned at; at other sizes they are
-            resized (bilinear / bicubic).
-        out_indices (Sequence[int]): stages whose raw block outputs are returned as
-            (B, C, H_i, W_i) maps, strides 4/8/16/32 (ceil for other sizes).
+        arch (str | dict): 'tiny', 'small', 'medium', 'large' (or 't', 's', 'm',
+            'l'), or a dict with ``embed_dims``, ``depths``, ``num_heads``,
+            ``mlp_ratios`` and ``sr_ratios`` (one value per stage each; missing
+            keys are an error). Default: 'tiny'.
+        la_sr_ratios (Sequence[int] | str): Spatial reduction of the keys/values
+            of each 'L' stage; '8421' is accepted too. Default: (1, 1, 1, 1), the
+            official default.
+        attn_types (str): Per stage, 'L' (Pola linear attention) or 'S' (PVT
+            softmax spatial-reduction attention with the arch's ``sr_ratios``).
+            Default: 'LLLL'.
+        alpha (float): Pola exponent ``1 + alpha * sigmoid(power)``; finite and
+            > 0. Default: 4.0.
+        kernel_size (int): Kernel of the Pola depthwise conv (odd). Default: 5.
+        qkv_bias (bool): Bias of the attention projections. Default: True.
+        patch_size (int): Patch size of the first stage (the others use 2).
+            Default: 4.
+        in_channels (int): Image channels. Default: 3.
+        pretrain_img_size (int | tuple): Input size the position embeddings and the
+            Pola positional encodings were learned at; at other sizes they are
+            resized (bilinear / bicubic). Default: 224.
+        drop_rate (float): Dropout after embeddings and projections. Default: 0.
+        attn_drop_rate (float): Dropout on softmax weights ('S' stages).
+            Default: 0.
+        drop_path_rate (float): Stochastic depth, rising linearly over the blocks
+            to this value. Default: 0.
+        norm_cfg (dict): Norms of the blocks. Default:
+            ``dict(type='LN', eps=1e-6)`` (official).
+        act_cfg (dict): MLP activation. Default: ``dict(type='GELU')``.
+        out_indices (Sequence[int]): Stages returned as (B, C_i, H_i, W_i) maps,
+            strides 4/8/16/32 (ceil for other sizes). Default: (0, 1, 2, 3).
         frozen_stages (int): -1 freezes nothing, 0 the first patch embedding,
-            k >= 1 stages 0..k-1 in full.
-        norm_eval (bool): keep BatchNorm layers (if any) in eval mode.
-        with_cp (bool): gradient checkpointing per block.
-        pretrained (str, optional): deprecated, as in mmseg; the same as
+            k >= 1 stages 0..k-1 in full. Default: -1.
+        norm_eval (bool): Keep BatchNorm layers (if any) in eval mode. Default:
+            False.
+        with_cp (bool): Gradient checkpointing per block. Default: False.
+        pretrained (str, optional): Deprecated, as in mmseg; the same as
             ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)``.
+        init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=...,
+            prefix=...)`` loads official or converted weights (strict); None uses
+            the official initialisation. Default: None.
+
+    Input: images (B, in_channels, H, W), any H and W. Output: a tuple of the
+    raw stage maps named by ``out_indices`` (channels ``num_features``).
     """
 
-    kind = 'pvt'
+    family = 'pvt'
     arch_zoo: Dict[str, dict] = {
         **dict.fromkeys(['t', 'tiny'], dict(depths=[2, 2, 2, 2])),
         **dict.fromkeys(['s', 'small'], dict(depths=[3, 4, 6, 3])),
@@ -109,55 +244,72 @@ class PolaPVT(PolaBackboneBase):
                  in_channels: int = 3,
                  pretrain_img_size: Union[int, Sequence[int]] = 224,
                  drop_rate: float = 0.,
+                 attn_drop_rate: float = 0.,
                  drop_path_rate: float = 0.,
+                 norm_cfg: dict = dict(type='LN', eps=1e-6),
+                 act_cfg: dict = dict(type='GELU'),
                  out_indices: Sequence[int] = (0, 1, 2, 3),
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
                  pretrained: Optional[str] = None,
-                 init_cfg=None):
+                 init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg, pretrained=pretrained)
         arch = self._parse_arch(arch)
         num_stages = len(arch['depths'])
         self._setup_stages(num_stages, attn_types, out_indices, frozen_stages,
                            norm_eval, with_cp)
-        attn_types = self.attn_types
-        la_sr_ratios = [int(r) for r in la_sr_ratios]
-        if len(la_sr_ratios) != num_stages:
-            raise ValueError(f'la_sr_ratios needs {num_stages} values, got '
-                             f'{la_sr_ratios}')
+        la_sr_ratios = check_stage_list('la_sr_ratios', la_sr_ratios, num_stages)
+        for name in ('embed_dims', 'num_heads', 'sr_ratios'):
+            check_stage_list(f'arch {name}', arch[name], num_stages)
+        mlp_ratios = arch['mlp_ratios']
+        if not (isinstance(mlp_ratios, list) and len(mlp_ratios) == num_stages
+                and all(isinstance(r, (int, float)) and r > 0 for r in mlp_ratios)):
+            raise ValueError(f'arch mlp_ratios must be {num_stages} numbers > 0, '
+                             f'got {mlp_ratios!r}')
+        check_positive_int('patch_size', patch_size)
+        check_positive_int('in_channels', in_channels)
+        for name, p in (('drop_rate', drop_rate), ('attn_drop_rate', attn_drop_rate),
+                        ('drop_path_rate', drop_path_rate)):
+            check_probability(name, p)
         pretrain_img_size = to_2tuple(pretrain_img_size)
+        grids = self._stage_grids(pretrain_img_size, patch_size, num_stages)
+        for i in range(num_stages):
+            if attn_types[i] == 'L' and min(grids[i]) < la_sr_ratios[i]:
+                raise ValueError(
+                    f'la_sr_ratios[{i}]={la_sr_ratios[i]} exceeds stage {i}\'s grid '
+                    f'{grids[i]} at pretrain_img_size={pretrain_img_size}: its '
+                    'positional encoding would have no tokens')
         self.arch = arch
         self.la_sr_ratios = tuple(la_sr_ratios)
         self.num_features = list(arch['embed_dims'])
 
         dpr = drop_path_rates(drop_path_rate, arch['depths'])
-        grid = [s // patch_size for s in pretrain_img_size]
         self.layers = nn.ModuleList()
         prev_dims = in_channels
         for i in range(num_stages):
-            if i > 0:
-                grid = [s // 2 for s in grid]
-            dims = arch['embed_dims'][i]
-            blocks = [
-                PVTBlock(
-                    dims,
-                    arch['num_heads'][i],
-                    arch['mlp_ratios'][i],
+            self.layers.append(
+                PVTStage(
+                    prev_dims,
+                    arch['embed_dims'][i],
+                    patch_size if i == 0 else 2,
+                    grids[i],
+                    depth=arch['depths'][i],
+                    drop_rate=drop_rate,
+                    drop_path_rates=dpr[i],
+                    with_cp=with_cp,
+                    num_heads=arch['num_heads'][i],
+                    mlp_ratio=arch['mlp_ratios'][i],
                     attn_type=attn_types[i],
                     sr_ratio=arch['sr_ratios'][i],
                     la_sr_ratio=la_sr_ratios[i],
-                    pos_grid=grid,
                     alpha=alpha,
                     kernel_size=kernel_size,
                     qkv_bias=qkv_bias,
-                    drop=drop_rate,
-                    drop_path=dpr[i][j]) for j in range(arch['depths'][i])
-            ]
-            self.layers.append(
-                PVTStage(prev_dims, dims, patch_size if i == 0 else 2, grid,
-                         drop_rate, blocks))
-            prev_dims = dims
+                    attn_drop_rate=attn_drop_rate,
+                    norm_cfg=norm_cfg,
+                    act_cfg=act_cfg))
+            prev_dims = arch['embed_dims'][i]
         self._freeze_stages()  # before any optimizer sees the parameters
 
     def _frozen_modules(self):
@@ -166,14 +318,9 @@ class PolaPVT(PolaBackboneBase):
         for i in range(self.frozen_stages):
             yield self.layers[i]
 
-    def forward_stages(self, x):
-        """Yield (raw stage output tokens, hw_shape) for every stage."""
+    def forward_stages(self, x: Tensor):
+        """Yield (raw stage output tokens (B, h*w, C), (h, w)) for every stage."""
         for stage in self.layers:
-            x, hw_shape = stage.patch_embed(x)
-            pos = resize_token_grid(stage.pos_embed, stage.pos_grid, hw_shape,
-                                    mode='bilinear')
-            x = stage.pos_drop(x + pos)
-            for block in stage.blocks:
-                x = self._run_block(block, x, hw_shape)
+            x, hw_shape = stage(x)
             yield x, hw_shape
             x = nlc_to_nchw(x, hw_shape)

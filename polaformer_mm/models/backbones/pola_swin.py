@@ -1,18 +1,22 @@
 """Pola-Swin: Swin v1 with polarity-aware linear attention stages, at any input size."""
 import re
 from functools import lru_cache
-from typing import Dict, Optional, Sequence, Union
+from typing import Dict, Iterator, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from mmcv.cnn import build_norm_layer
 from mmcv.cnn.bricks import DropPath
+from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 from mmengine.utils import to_2tuple
+from torch import Tensor
 
-from ..attention import PolaLinearAttention, WindowMSA
-from ..utils import Mlp, PatchEmbed, drop_path_rates
-from .base import PolaBackboneBase
+from ..attention import PolaLinearAttention, StagePositionalEncodings, WindowMSA
+from ..utils import Mlp, PatchEmbed, drop_path_rates, run_blocks
+from .base import (PolaBackboneBase, check_positive_int, check_probability,
+                   check_stage_list)
 
 
 def window_partition(x: torch.Tensor, window_size: int) -> torch.Tensor:
@@ -33,14 +37,23 @@ def window_reverse(windows: torch.Tensor, window_size: int, Hp: int,
     return x.transpose(2, 3).reshape(-1, Hp, Wp, C)
 
 
+def _padded_size(size: int, window_size: int) -> int:
+    return -(-size // window_size) * window_size
+
+
+def _window_shift(hw_shape: Sequence[int], window_size: int, shifted: bool) -> int:
+    """Half a window on shifted blocks, when the map is larger than one window along
+    both sides; 0 otherwise (a map no larger than the window along its shorter side
+    is one window row, never shifted: the official rule)."""
+    return window_size // 2 if shifted and min(hw_shape) > window_size else 0
+
+
 @lru_cache(maxsize=64)
-def _window_mask(H: int, W: int, window_size: int, shift: int,
-                 device: torch.device):
-    """Additive (nW, T, T) mask for windows over an H x W map padded to multiples
-    of the window and rolled by -shift: -100 between tokens of different shift
-    regions, and between real and padded tokens. None when nothing is masked."""
-    Hp = -(-H // window_size) * window_size
-    Wp = -(-W // window_size) * window_size
+def _window_regions(H: int, W: int, window_size: int, shift: int):
+    """Per window token ids (nW, T) over an H x W map padded to multiples of the
+    window and rolled by -shift: the shift region (0..8) of every real token, -1 for
+    tokens added by padding. None when there is neither shift nor padding."""
+    Hp, Wp = _padded_size(H, window_size), _padded_size(W, window_size)
     if shift == 0 and (Hp, Wp) == (H, W):
         return None
 
@@ -57,24 +70,98 @@ def _window_mask(H: int, W: int, window_size: int, shift: int,
     ids_w, pad_w = regions(Wp, W)
     ids = ids_h[:, None] * 3 + ids_w[None, :]
     ids[pad_h[:, None] | pad_w[None, :]] = -1
-    ids = window_partition(ids[None], window_size)  # (nW, T)
+    return window_partition(ids[None], window_size)  # (nW, T)
+
+
+@lru_cache(maxsize=64)
+def _window_mask(H: int, W: int, window_size: int, shift: int,
+                 device: torch.device):
+    """Additive (nW, T, T) mask of the softmax windows: -100 between tokens of
+    different shift regions, and between real and padded tokens. None when nothing
+    is masked."""
+    ids = _window_regions(H, W, window_size, shift)
+    if ids is None:
+        return None
     mask = (ids[:, :, None] != ids[:, None, :]).float() * -100.0
     return mask.to(device)
 
 
-class SwinBlock(nn.Module):
-    """Swin block. 'L': Pola linear attention over the whole map (never shifted);
-    'S': window attention, shifted by window // 2 on odd blocks."""
+@lru_cache(maxsize=64)
+def _window_padding(H: int, W: int, window_size: int, shift: int,
+                    device: torch.device):
+    """(nW, T) bool, True at tokens added by padding; None without padding. The
+    linear windows ignore the shift regions, as the official code does."""
+    if (_padded_size(H, window_size), _padded_size(W, window_size)) == (H, W):
+        return None
+    return (_window_regions(H, W, window_size, shift) < 0).to(device)
 
-    def __init__(self, embed_dims, num_heads, attn_type, window_size, shift,
-                 pos_grid, alpha, kernel_size, mlp_ratio, qkv_bias, drop,
-                 attn_drop, drop_path):
-        super().__init__()
-        self.linear = attn_type == 'L'
-        self.window_size = window_size
-        self.shift = bool(shift) and not self.linear
-        self.norm1 = nn.LayerNorm(embed_dims)
-        if self.linear:
+
+class SwinBlock(BaseModule):
+    """Swin block: ``x + attn(norm1(x))``, then ``x + mlp(norm2(x))``.
+
+    'L' blocks run :class:`PolaLinearAttention` ('swin' projections), either in
+    square windows of ``linear_window_size`` (the official form: the map is
+    zero-padded to a multiple of the window, shifted blocks roll it by half a
+    window when it is larger than the window along both sides, no shift mask is
+    applied, padded tokens take no part) or, with ``linear_window_size=None``, over
+    the whole map at once (never shifted, ``P`` resized to the map). 'S' blocks run
+    window softmax attention with ``window_size``, shifted blocks with the Swin
+    shift mask.
+
+    Args:
+        embed_dims (int): Channels C.
+        num_heads (int): Attention heads.
+        attn_type (str): 'L' (Pola linear attention) or 'S' (window softmax).
+        window_size (int): Window side of an 'S' block. Default: 7.
+        shifted (bool): Whether this block shifts its windows (odd blocks of a
+            stage). Default: False.
+        linear_window_size (int, optional): Window side of an 'L' block; None for
+            one window over the whole map. Default: None.
+        pos_grid (Sequence[int]): Grid of the 'L' block's positional encoding:
+            the window, or for the global form the stage's grid at pretraining.
+            Default: (56, 56).
+        alpha (float): Pola exponent ``1 + alpha * sigmoid(power)``. Default: 4.0.
+        kernel_size (int): Pola depthwise-conv kernel. Default: 5.
+        mlp_ratio (float): Hidden width of the MLP as a multiple of C. Default: 4.
+        qkv_bias (bool): Bias of the attention projections. Default: True.
+        drop_rate (float): Dropout after the projections. Default: 0.
+        attn_drop_rate (float): Dropout on softmax weights ('S'). Default: 0.
+        drop_path_rate (float): Stochastic depth of both branches. Default: 0.
+        norm_cfg (dict): The two pre-norms. Default: ``dict(type='LN')``.
+        act_cfg (dict): MLP activation. Default: ``dict(type='GELU')``.
+        init_cfg (dict, optional): mmengine initialisation config. Default: None.
+
+    Inputs: tokens (B, H*W, C) and ``hw_shape`` (H, W); for a global 'L' block
+    optionally its positional encoding resized to (H, W). Output: (B, H*W, C).
+    """
+
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 attn_type: str,
+                 window_size: int = 7,
+                 shifted: bool = False,
+                 linear_window_size: Optional[int] = None,
+                 pos_grid: Sequence[int] = (56, 56),
+                 alpha: float = 4.0,
+                 kernel_size: int = 5,
+                 mlp_ratio: float = 4.,
+                 qkv_bias: bool = True,
+                 drop_rate: float = 0.,
+                 attn_drop_rate: float = 0.,
+                 drop_path_rate: float = 0.,
+                 norm_cfg: dict = dict(type='LN'),
+                 act_cfg: dict = dict(type='GELU'),
+                 init_cfg: Optional[dict] = None):
+        super().__init__(init_cfg=init_cfg)
+        if attn_type not in ('L', 'S'):
+            raise ValueError(f"attn_type must be 'L' or 'S', got {attn_type!r}")
+        self.uses_pola = attn_type == 'L'
+        self.shifted = bool(shifted)
+        self.norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
+        if self.uses_pola:
+            # None: one global window; an int: windows whose grid is also P's
+            self.window_size = linear_window_size
             self.attn = PolaLinearAttention(
                 embed_dims,
                 num_heads,
@@ -82,61 +169,86 @@ class SwinBlock(nn.Module):
                 kernel_size=kernel_size,
                 alpha=alpha,
                 qkv_bias=qkv_bias,
-                layout='swin',
-                proj_drop=drop)
+                family='swin',
+                proj_drop=drop_rate)
         else:
+            self.window_size = window_size
             self.attn = WindowMSA(
                 embed_dims,
                 num_heads,
                 window_size,
                 qkv_bias=qkv_bias,
-                attn_drop=attn_drop,
-                proj_drop=drop)
-        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.norm2 = nn.LayerNorm(embed_dims)
-        self.mlp = Mlp(embed_dims, int(embed_dims * mlp_ratio), drop=drop)
+                attn_drop=attn_drop_rate,
+                proj_drop=drop_rate)
+        self.drop_path = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
+        self.norm2 = build_norm_layer(norm_cfg, embed_dims)[1]
+        self.mlp = Mlp(embed_dims, int(embed_dims * mlp_ratio), drop=drop_rate,
+                       act_cfg=act_cfg)
 
-    def _window_attention(self, x, hw_shape):
+    def _window_attention(self, x: Tensor, hw_shape: Sequence[int]) -> Tensor:
         H, W = hw_shape
         B, N, C = x.shape
         ws = self.window_size
-        # a map no larger than one window along its shorter side: one window row, no
-        # shift (what the official code does at 224 for the last stage)
-        shift = ws // 2 if self.shift and min(H, W) > ws else 0
-        Hp, Wp = -(-H // ws) * ws, -(-W // ws) * ws
+        shift = _window_shift(hw_shape, ws, self.shifted)
+        Hp, Wp = _padded_size(H, ws), _padded_size(W, ws)
         x = x.view(B, H, W, C)
         if (Hp, Wp) != (H, W):
             x = F.pad(x, (0, 0, 0, Wp - W, 0, Hp - H))
         if shift:
             x = torch.roll(x, (-shift, -shift), dims=(1, 2))
-        mask = _window_mask(H, W, ws, shift, x.device)
-        if mask is not None:
-            mask = mask.to(x.dtype)
-        x = window_reverse(self.attn(window_partition(x, ws), mask), ws, Hp, Wp)
+        windows = window_partition(x, ws)
+        if self.uses_pola:
+            padding = _window_padding(H, W, ws, shift, x.device)
+            if padding is not None:
+                padding = padding.repeat(B, 1)
+            windows = self.attn(windows, (ws, ws), padding_mask=padding)
+        else:
+            mask = _window_mask(H, W, ws, shift, x.device)
+            if mask is not None:
+                mask = mask.to(x.dtype)
+            windows = self.attn(windows, mask)
+        x = window_reverse(windows, ws, Hp, Wp)
         if shift:
             x = torch.roll(x, (shift, shift), dims=(1, 2))
         return x[:, :H, :W].reshape(B, N, C)
 
-    def forward(self, x, hw_shape):
+    def forward(self, x: Tensor, hw_shape: Sequence[int],
+                pos_encoding: Optional[Tensor] = None) -> Tensor:
         y = self.norm1(x)
-        if self.linear:
-            y = self.attn(y, hw_shape)
+        if self.uses_pola and self.window_size is None:
+            y = self.attn(y, hw_shape, pos_encoding=pos_encoding)
         else:
             y = self._window_attention(y, hw_shape)
         x = x + self.drop_path(y)
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
-class PatchMerging(nn.Module):
-    """2x2 neighbourhood concat ([0::2,0::2], [1::2,0::2], [0::2,1::2], [1::2,1::2]),
-    LayerNorm(4C), Linear(4C, 2C, no bias). Odd sides are zero-padded."""
+class PatchMerging(BaseModule):
+    """Swin downsampling: 2x2 neighbourhood concat ([0::2, 0::2], [1::2, 0::2],
+    [0::2, 1::2], [1::2, 1::2]), norm(4C), Linear(4C, out, no bias). Odd sides are
+    zero-padded.
 
-    def __init__(self, in_dims: int, out_dims: int):
-        super().__init__()
-        self.norm = nn.LayerNorm(4 * in_dims)
+    Args:
+        in_dims (int): Input channels C.
+        out_dims (int): Output channels (2C in Swin).
+        norm_cfg (dict): Norm before the reduction. Default: ``dict(type='LN')``.
+        init_cfg (dict, optional): mmengine initialisation config. Default: None.
+
+    Input: tokens (B, H*W, C) and (H, W). Output: tokens (B, h*w, out_dims) and
+    (h, w) = (ceil(H / 2), ceil(W / 2)).
+    """
+
+    def __init__(self,
+                 in_dims: int,
+                 out_dims: int,
+                 norm_cfg: dict = dict(type='LN'),
+                 init_cfg: Optional[dict] = None):
+        super().__init__(init_cfg=init_cfg)
+        self.norm = build_norm_layer(norm_cfg, 4 * in_dims)[1]
         self.reduction = nn.Linear(4 * in_dims, out_dims, bias=False)
 
-    def forward(self, x, hw_shape):
+    def forward(self, x: Tensor,
+                hw_shape: Sequence[int]) -> Tuple[Tensor, Tuple[int, int]]:
         H, W = hw_shape
         B, N, C = x.shape
         x = x.view(B, H, W, C)
@@ -150,37 +262,129 @@ class PatchMerging(nn.Module):
         return self.reduction(self.norm(x)), hw_shape
 
 
-class SwinStage(nn.Module):
+class SwinStage(BaseModule):
+    """One Swin stage: ``depth`` :class:`SwinBlock` (odd ones shifted), then an
+    optional :class:`PatchMerging`.
 
-    def __init__(self, blocks, downsample=None):
-        super().__init__()
-        self.blocks = nn.ModuleList(blocks)
-        self.downsample = downsample
+    Args:
+        embed_dims (int): Channels C of the stage.
+        depth (int): Number of blocks.
+        downsample (bool): End with a PatchMerging to 2C channels. Default: False.
+        drop_path_rates (Sequence[float], optional): Stochastic depth per block.
+            Default: None (no drop path).
+        with_cp (bool): Gradient checkpointing per block. Default: False.
+        norm_cfg (dict): Norms of the blocks and the downsampling. Default:
+            ``dict(type='LN')``.
+        init_cfg (dict, optional): mmengine initialisation config. Default: None.
+        **block_cfg: The other :class:`SwinBlock` arguments (``num_heads``,
+            ``attn_type``, ``window_size``, ``linear_window_size``, ``pos_grid``,
+            ``alpha``, ``kernel_size``, ``mlp_ratio``, ``qkv_bias``, ``drop_rate``,
+            ``attn_drop_rate``, ``act_cfg``).
+
+    Input: tokens (B, H*W, C) and (H, W). Output: the stage's tokens and grid
+    before downsampling, then the downsampled tokens and grid (the same ones when
+    there is no downsampling), as mmdet's ``SwinBlockSequence``.
+    """
+
+    def __init__(self,
+                 embed_dims: int,
+                 depth: int,
+                 downsample: bool = False,
+                 drop_path_rates: Optional[Sequence[float]] = None,
+                 with_cp: bool = False,
+                 norm_cfg: dict = dict(type='LN'),
+                 init_cfg: Optional[dict] = None,
+                 **block_cfg):
+        super().__init__(init_cfg=init_cfg)
+        self.with_cp = with_cp
+        drop_path_rates = drop_path_rates or [0.] * depth
+        self.blocks = nn.ModuleList(
+            SwinBlock(embed_dims, shifted=j % 2 == 1,
+                      drop_path_rate=drop_path_rates[j], norm_cfg=norm_cfg,
+                      **block_cfg) for j in range(depth))
+        self.downsample = (
+            PatchMerging(embed_dims, 2 * embed_dims, norm_cfg=norm_cfg)
+            if downsample else None)
+        self._pos_encodings = StagePositionalEncodings()
+
+    def forward(self, x: Tensor, hw_shape: Sequence[int]
+                ) -> Tuple[Tensor, Tuple[int, int], Tensor, Tuple[int, int]]:
+        global_blocks = [
+            b.attn if b.uses_pola and b.window_size is None else None
+            for b in self.blocks
+        ]
+        encodings = self._pos_encodings(global_blocks, hw_shape)
+        x = run_blocks(self.blocks, x, hw_shape, self.with_cp, encodings)
+        hw_shape = tuple(hw_shape)
+        if self.downsample is None:
+            return x, hw_shape, x, hw_shape
+        x_down, down_hw = self.downsample(x, hw_shape)
+        return x, hw_shape, x_down, down_hw
 
 
 @MODELS.register_module()
 class PolaSwin(PolaBackboneBase):
-    """Pola-Swin backbone (Swin v1 with Pola linear-attention stages).
+    """Pola-Swin backbone: Swin v1 with Pola linear-attention stages.
 
     Args:
-        arch (str | dict): 'tiny', 'small', 'base', or a dict with
-            ``embed_dims`` (int, first stage), ``depths`` and ``num_heads``.
-        attn_types (str): per stage, 'L' (Pola linear attention over the whole map,
-            positional encoding resized from its pretraining grid) or 'S' (shifted
-            window softmax attention with ``window_size``).
-        window_size (int): window of the 'S' stages.
-        pretrain_img_size (int | tuple): input size at pretraining; sets the grids
-            the 'L' stages' positional encodings were learned on (56x56, 28x28, ...).
-        out_indices (Sequence[int]): stages returned, each after its LayerNorm
-            ``norm{i}`` (``norm3`` is the official final norm).
+        arch (str | dict): 'tiny', 'small', 'base' (or 't', 's', 'b'), or a dict
+            with ``embed_dims`` (int, first stage), ``depths`` and ``num_heads``
+            (one value per stage). Default: 'tiny'.
+        attn_types (str): Per stage, 'L' (Pola linear attention) or 'S' (shifted
+            window softmax attention with ``window_size``). Default: 'LLSS'.
+        window_size (int): Window of the 'S' stages (12 for the official 384
+            Swin-B, whose ``linear_window_size`` is 96). Default: 7.
+        linear_window_size (int | None): Window of the 'L' stages. An int gives
+            each 'L' stage a square window of ``min(linear_window_size, the
+            stage's grid at pretrain_img_size)`` (56 and 28 for the 224 models,
+            96 and 48 for the 384 Swin-B), which is also the grid of its learned
+            positional encoding ``P``, used as learned at any input size: the
+            official computation. At run time the map is zero-padded to a multiple
+            of the window and partitioned; odd blocks are shifted by half a window
+            when the map is larger than the window along both sides (without a
+            shift mask, as in the official code). Where the official code has no
+            counterpart (maps that are not multiples of the window), padded tokens
+            take no part as keys or values and their outputs are dropped; the
+            depthwise conv runs per window, as in the official code. None: one
+            window over the whole map, never shifted, ``P`` learned on the stage's
+            grid at ``pretrain_img_size`` and resized (bicubic) to the runtime map.
+            At 224 both forms are the official computation. Default: 56.
+        pretrain_img_size (int | tuple): Input size at pretraining; sets the stage
+            grids (56x56, 28x28, ... at 224) the windows and the positional
+            encodings of the 'L' stages derive from. Default: 224.
+        patch_size (int): Patch size of the patch embedding. Default: 4.
+        in_channels (int): Image channels. Default: 3.
+        mlp_ratio (float): Hidden width of the MLPs. Default: 4.
+        qkv_bias (bool): Bias of the attention projections. Default: True.
+        alpha (float): Pola exponent ``1 + alpha * sigmoid(power)``; finite and
+            > 0. Default: 4.0.
+        kernel_size (int): Kernel of the Pola depthwise conv (odd). Default: 5.
+        drop_rate (float): Dropout after the embedding and projections. Default: 0.
+        attn_drop_rate (float): Dropout on softmax weights ('S'). Default: 0.
+        drop_path_rate (float): Stochastic depth, rising linearly over the blocks
+            to this value. Default: 0.1.
+        norm_cfg (dict): Every norm (patch embedding, blocks, downsampling, output
+            norms). Default: ``dict(type='LN')`` (official).
+        act_cfg (dict): MLP activation. Default: ``dict(type='GELU')``.
+        out_indices (Sequence[int]): Stages returned, each after its norm
+            ``norm{i}`` (``norm3`` is the official final norm), as (B, C_i, H_i,
+            W_i) maps with C, 2C, 4C, 8C channels. Default: (0, 1, 2, 3).
         frozen_stages (int): -1 freezes nothing, 0 the patch embedding, k >= 1
             also stages 0..k-1 (with their downsampling and output norms).
-        norm_eval (bool), with_cp (bool): as for PolaPVT.
-        pretrained (str, optional): deprecated, as in mmseg; the same as
+            Default: -1.
+        norm_eval (bool): Keep BatchNorm layers (if any) in eval mode. Default:
+            False.
+        with_cp (bool): Gradient checkpointing per block. Default: False.
+        pretrained (str, optional): Deprecated, as in mmseg; the same as
             ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)``.
+        init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=...,
+            prefix=...)`` loads official or converted weights (strict but for the
+            output norms); None uses the official initialisation. Default: None.
+
+    Input: images (B, in_channels, H, W), any H and W.
     """
 
-    kind = 'swin'
+    family = 'swin'
     arch_zoo: Dict[str, dict] = {
         **dict.fromkeys(['t', 'tiny'],
                         dict(embed_dims=96, depths=[2, 2, 6, 2],
@@ -198,6 +402,7 @@ class PolaSwin(PolaBackboneBase):
                  arch: Union[str, dict] = 'tiny',
                  attn_types: str = 'LLSS',
                  window_size: int = 7,
+                 linear_window_size: Optional[int] = 56,
                  pretrain_img_size: Union[int, Sequence[int]] = 224,
                  patch_size: int = 4,
                  in_channels: int = 3,
@@ -208,12 +413,14 @@ class PolaSwin(PolaBackboneBase):
                  drop_rate: float = 0.,
                  attn_drop_rate: float = 0.,
                  drop_path_rate: float = 0.1,
+                 norm_cfg: dict = dict(type='LN'),
+                 act_cfg: dict = dict(type='GELU'),
                  out_indices: Sequence[int] = (0, 1, 2, 3),
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
                  pretrained: Optional[str] = None,
-                 init_cfg=None):
+                 init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg, pretrained=pretrained)
         arch = self._parse_arch(arch)
         depths, num_heads = arch['depths'], arch['num_heads']
@@ -221,45 +428,65 @@ class PolaSwin(PolaBackboneBase):
         self._setup_stages(num_stages, attn_types, out_indices, frozen_stages,
                            norm_eval, with_cp)
         attn_types = self.attn_types
+        check_positive_int('arch embed_dims', arch['embed_dims'])
+        check_stage_list('arch num_heads', num_heads, num_stages)
+        check_positive_int('window_size', window_size)
+        if linear_window_size is not None:
+            linear_window_size = check_positive_int('linear_window_size',
+                                                    linear_window_size)
+        check_positive_int('patch_size', patch_size)
+        check_positive_int('in_channels', in_channels)
+        if not mlp_ratio > 0:
+            raise ValueError(f'mlp_ratio must be > 0, got {mlp_ratio}')
+        for name, p in (('drop_rate', drop_rate), ('attn_drop_rate', attn_drop_rate),
+                        ('drop_path_rate', drop_path_rate)):
+            check_probability(name, p)
         pretrain_img_size = to_2tuple(pretrain_img_size)
+        grids = self._stage_grids(pretrain_img_size, patch_size, num_stages)
         self.arch = arch
+        self.linear_window_size = linear_window_size
 
-        self.patch_embed = PatchEmbed(in_channels, arch['embed_dims'], patch_size)
+        self.patch_embed = PatchEmbed(in_channels, arch['embed_dims'], patch_size,
+                                      norm_cfg=norm_cfg)
         self.drop_after_pos = nn.Dropout(drop_rate)
         dpr = drop_path_rates(drop_path_rate, depths)
-        grid = [s // patch_size for s in pretrain_img_size]
         dims = arch['embed_dims']
         self.num_features = []
         self.stages = nn.ModuleList()
         for i in range(num_stages):
-            blocks = [
-                SwinBlock(
+            if linear_window_size is None:
+                stage_window, pos_grid = None, grids[i]
+            else:
+                stage_window = min(linear_window_size, *grids[i])
+                pos_grid = (stage_window, stage_window)
+            self.stages.append(
+                SwinStage(
                     dims,
-                    num_heads[i],
+                    depths[i],
+                    downsample=i < num_stages - 1,
+                    drop_path_rates=dpr[i],
+                    with_cp=with_cp,
+                    norm_cfg=norm_cfg,
+                    num_heads=num_heads[i],
                     attn_type=attn_types[i],
                     window_size=window_size,
-                    shift=j % 2 == 1,
-                    pos_grid=grid,
+                    linear_window_size=stage_window,
+                    pos_grid=pos_grid,
                     alpha=alpha,
                     kernel_size=kernel_size,
                     mlp_ratio=mlp_ratio,
                     qkv_bias=qkv_bias,
-                    drop=drop_rate,
-                    attn_drop=attn_drop_rate,
-                    drop_path=dpr[i][j]) for j in range(depths[i])
-            ]
-            downsample = (
-                PatchMerging(dims, 2 * dims) if i < num_stages - 1 else None)
-            self.stages.append(SwinStage(blocks, downsample))
+                    drop_rate=drop_rate,
+                    attn_drop_rate=attn_drop_rate,
+                    act_cfg=act_cfg))
             self.num_features.append(dims)
-            if i < num_stages - 1:
-                dims *= 2
-                grid = [s // 2 for s in grid]
+            dims *= 2
         for i in self.out_indices:
-            self.add_module(f'norm{i}', nn.LayerNorm(self.num_features[i]))
+            self.add_module(f'norm{i}',
+                            build_norm_layer(norm_cfg, self.num_features[i])[1])
         self._freeze_stages()  # before any optimizer sees the parameters
 
-    def _frozen_modules(self):
+    def _frozen_modules(self) -> Iterator[nn.Module]:
         if self.frozen_stages >= 0:
             yield self.patch_embed
         for i in range(self.frozen_stages):
@@ -267,21 +494,19 @@ class PolaSwin(PolaBackboneBase):
             if i in self.out_indices:
                 yield getattr(self, f'norm{i}')
 
-    def forward_stages(self, x):
-        """Yield the raw (pre-norm, pre-downsampling) output map of every stage."""
+    def forward_stages(self, x: Tensor):
+        """Yield the raw (pre-norm, pre-downsampling) tokens (B, h*w, C) and (h, w)
+        of every stage."""
         x, hw_shape = self.patch_embed(x)
         x = self.drop_after_pos(x)
         for stage in self.stages:
-            for block in stage.blocks:
-                x = self._run_block(block, x, hw_shape)
-            yield x, hw_shape
-            if stage.downsample is not None:
-                x, hw_shape = stage.downsample(x, hw_shape)
+            out, out_hw, x, hw_shape = stage(x, hw_shape)
+            yield out, out_hw
 
-    def _optional_key(self, key):
+    def _optional_key(self, key: str) -> bool:
         # classification checkpoints hold only the final norm; dense models add the
         # other output norms (and may not use the final one)
         return re.match(r'norm\d+\.', key) is not None
 
-    def _stage_output(self, index, tokens):
+    def _stage_output(self, index: int, tokens: Tensor) -> Tensor:
         return getattr(self, f'norm{index}')(tokens)
