@@ -28,7 +28,7 @@ def test_any_grid(family, sr, hw):
 
 
 def _reference_forward(attn, x, hw, pos):
-    """DESIGN.md section 1 written out for the swin layout, with the explicit-weights
+    """The computation of docs/method.md written out for the swin family, with the explicit-weights
     attention and a given positional encoding ``pos`` (1, N, C)."""
     B, N, C = x.shape
     h, d = attn.num_heads, attn.head_dims
