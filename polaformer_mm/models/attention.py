@@ -5,7 +5,7 @@ The computation of :class:`PolaLinearAttention` is written up in
 ``docs/method.md``.
 """
 import math
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -17,6 +17,16 @@ from ..ops import pola_linear_attention
 from .utils import nchw_to_nlc, nlc_to_nchw, pad_to_multiple, resize_token_grid
 
 FAMILIES = ('pvt', 'swin')
+
+
+class AttentionInputs(NamedTuple):
+    """What :meth:`PolaLinearAttention.project` returns."""
+    q: Tensor  #: queries (B, h, N, d), divided by softplus(scale)
+    k: Tensor  #: keys (B, h, n, d), P added, divided by softplus(scale)
+    v: Tensor  #: values (B, h, n, d)
+    g: Tensor  #: gate (B, N, C)
+    eps: Union[float, Tensor]  #: the op's eps, per batch entry with padding
+    key_hw: Tuple[int, int]  #: the key grid (h_k, w_k)
 
 
 def head_dims(embed_dims: int, num_heads: int) -> int:
@@ -147,12 +157,15 @@ class PolaLinearAttention(nn.Module):
         r = self.sr_ratio
         return (-(-hw_shape[0] // r), -(-hw_shape[1] // r))
 
-    def forward(self,
+    def project(self,
                 x: Tensor,
                 hw_shape: Sequence[int],
                 padding_mask: Optional[Tensor] = None,
-                pos_encoding: Optional[Tensor] = None) -> Tensor:
-        """Attend over the tokens ``x`` (B, H*W, C) laid out on ``hw_shape``.
+                pos_encoding: Optional[Tensor] = None) -> AttentionInputs:
+        """The inputs of the attention maths for the tokens ``x`` (B, H*W, C) on
+        ``hw_shape`` (H, W): queries and keys divided by ``softplus(scale)``, ``P``
+        added to the keys, split into heads; the values; the gate; the ``eps`` of
+        every batch entry; the key grid.
 
         Args:
             x (Tensor): Tokens (B, H*W, C).
@@ -188,7 +201,6 @@ class PolaLinearAttention(nn.Module):
             if self.reduction is not None:
                 x, kv_hw = self.reduction(x, hw_shape)
             k, v = self.kv(x).unflatten(-1, (2, C)).unbind(-2)
-        n = k.shape[1]
 
         if pos_encoding is None:
             pos_encoding = resize_token_grid(self.positional_encoding, self.pos_grid,
@@ -208,8 +220,20 @@ class PolaLinearAttention(nn.Module):
         h, d = self.num_heads, self.head_dims
         q = (q / scale).unflatten(-1, (h, d)).transpose(1, 2)
         k = (k / scale).unflatten(-1, (h, d)).transpose(1, 2)
-        v = v.unflatten(-1, (h, d)).transpose(1, 2)  # (B, h, n, d)
+        v = v.unflatten(-1, (h, d)).transpose(1, 2)
+        return AttentionInputs(q, k, v, g, eps, tuple(kv_hw))
 
+    def forward(self,
+                x: Tensor,
+                hw_shape: Sequence[int],
+                padding_mask: Optional[Tensor] = None,
+                pos_encoding: Optional[Tensor] = None) -> Tensor:
+        """Attend over the tokens ``x`` (B, H*W, C) laid out on ``hw_shape``;
+        the arguments are those of :meth:`project`. Returns (B, H*W, C)."""
+        B, N, C = x.shape
+        H, W = hw_shape
+        q, k, v, g, eps, _ = self.project(x, hw_shape, padding_mask, pos_encoding)
+        h, d, n = self.num_heads, self.head_dims, k.shape[2]
         out = pola_linear_attention(q, k, v, self.power, self.alpha, eps)
         out = out.transpose(1, 2).reshape(B, N, C)
 
