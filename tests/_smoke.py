@@ -216,8 +216,8 @@ _RUNTIME_KEYS = ('work_dir', 'launcher', 'runner_type', 'load_from', 'resume')
 
 def smoke_cfg_options(config_path, data_root, iters=1):
     """smoke_config as ``--cfg-options`` strings for tools/train.py / tools/test.py: the
-    keys it changes in ``config_path``, plus checkpoints after ``iters`` iterations (the
-    run keeps its final checkpoint) and no validation before the end."""
+    keys it changes in ``config_path``, plus ``iters`` iterations (or epochs), a checkpoint
+    after each (the run keeps its final one) and no validation pass."""
     from mmengine.config import Config
     original = Config.fromfile(config_path)
     small = smoke_config(Config.fromfile(config_path), data_root, '/unused')
@@ -225,7 +225,7 @@ def smoke_cfg_options(config_path, data_root, iters=1):
     key = 'max_iters' if 'max_iters' in loop or loop.get('type') == 'IterBasedTrainLoop' \
         else 'max_epochs'
     loop[key] = iters
-    loop.val_interval = iters
+    loop.val_begin = iters + 1  # the test tool evaluates
     small.default_hooks.checkpoint.interval = iters
     small.default_hooks.checkpoint.save_last = True
     out = {}

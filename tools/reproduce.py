@@ -19,8 +19,8 @@ without ``pola-``), one after the other:
    + flip) into ``.../test_tta``. Skipped when that folder's ``test_metrics.json`` already
    records the final checkpoint with the same ``--cfg-options``.
 
-Then ``tools/analysis_tools/gain_table.py`` tabulates every run of the task found under the
-work root into ``WORK_ROOT/gain_table_<task>.{md,csv,png}``.
+Then ``tools/analysis_tools/gain_table.py`` (run inside this process) tabulates every run
+of the task found under the work root into ``WORK_ROOT/gain_table_<task>.{md,csv,png}``.
 
 Each step is printed (a shell line; comments start with ``#``) before it runs, and
 ``--dry-run`` prints them without running anything. A failed step stops the script; the
@@ -43,7 +43,8 @@ REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, osp.join(REPO, 'tools', 'analysis_tools'))
 
-from gain_table import METRICS_FILE, schedule_of  # noqa: E402  (imports polaformer_mm)
+import gain_table  # noqa: E402  (imports polaformer_mm)
+from gain_table import METRICS_FILE, schedule_of  # noqa: E402
 from mmengine.config import Config, DictAction  # noqa: E402
 
 
@@ -144,8 +145,9 @@ class Step:
     """One command line (or a note about a skipped one)."""
 
     def __init__(self, note: str, argv: Optional[List[str]] = None,
-                 env: Optional[Dict[str, str]] = None, check=None):
+                 env: Optional[Dict[str, str]] = None, check=None, call=None):
         self.note, self.argv, self.env, self.check = note, argv, env or {}, check
+        self.call = call  # runs argv[2:] in this process instead of a new one
 
     def line(self) -> str:
         env = [f'{k}={shlex.quote(v)}' for k, v in self.env.items()]
@@ -167,25 +169,26 @@ class Planner:
         return (['bash', _show(osp.join(REPO, 'tools', dist_script))] + head + [str(gpus)] +
                 tail, {'PYTHON': sys.executable})
 
+    def _batch_option(self, cfg: Config, config: str, gpus: int) -> List[str]:
+        """``train_dataloader.batch_size=...`` keeping the protocol's total batch on
+        ``gpus`` GPUs; nothing when that is the protocol's count or the user sets it."""
+        proto = protocol_gpus(cfg, config)
+        if gpus == proto or 'train_dataloader.batch_size' in self.options:
+            return []
+        total = proto * int(cfg.train_dataloader.batch_size)
+        if total % gpus:
+            raise ValueError(f'{config}: the protocol batch {total} ({proto} GPUs) does not '
+                             f'split over {gpus} GPUs; set train_dataloader.batch_size in '
+                             '--cfg-options')
+        return [f'train_dataloader.batch_size={total // gpus}']
+
     def run_steps(self, task: str, config: str, role: str) -> List[Step]:
-        own = []  # options this script adds, before the user's
-        probe = load(config, self.options)
-        gpus = self.args.gpus or protocol_gpus(probe, config)
-        if self.args.gpus and 'train_dataloader.batch_size' not in self.options:
-            proto = protocol_gpus(probe, config)
-            total = proto * int(probe.train_dataloader.batch_size)
-            if gpus != proto:
-                if total % gpus:
-                    raise ValueError(
-                        f'{config}: the protocol batch {total} ({proto} GPUs) does not '
-                        f'split over {gpus} GPUs; set train_dataloader.batch_size in '
-                        '--cfg-options')
-                own.append(f'train_dataloader.batch_size={total // gpus}')
-        train_opts = ['--cfg-options'] + own + self.option_strings if own or \
-            self.option_strings else []
+        """Train (or resume, or skip), then test (or skip) one config."""
+        cfg = load(config, self.options)
+        gpus = self.args.gpus or protocol_gpus(cfg, config)
+        train_strings = self._batch_option(cfg, config, gpus) + self.option_strings
+        train_opts = ['--cfg-options'] + train_strings if train_strings else []
         opts = ['--cfg-options'] + self.option_strings if self.option_strings else []
-        options = self.options  # what test.py records
-        cfg = probe  # the batch size changes no file name
         name = osp.splitext(osp.basename(config))[0]
         run_dir = osp.join(self.args.work_root, name)
         final = osp.join(run_dir, final_checkpoint(cfg, config))
@@ -210,7 +213,7 @@ class Planner:
         for sub, tta in tests:
             test_dir = osp.join(run_dir, sub)
             kind = 'multi-scale + flip (--tta)' if tta else 'single scale'
-            if _tested(test_dir, final, tta, options):
+            if _tested(test_dir, final, tta, self.options):
                 steps.append(Step(f'{role} {name}: tested, {kind} '
                                   f'({_show(osp.join(test_dir, METRICS_FILE))})'))
                 continue
@@ -239,7 +242,7 @@ class Planner:
         argv = [sys.executable, _show(osp.join(REPO, 'tools/analysis_tools/gain_table.py'))]
         argv += runs + ['--out', _show(out), '--flops-cache',
                         _show(osp.join(self.args.work_root, 'flops_cache.json'))]
-        return Step(f'{TASKS[task]["desc"]}: gain table', argv)
+        return Step(f'{TASKS[task]["desc"]}: gain table', argv, call=gain_table.main)
 
 
 def _parse_options(strings: List[str]) -> Dict:
@@ -367,9 +370,17 @@ def _do(step: Step, dry_run: bool) -> bool:
     print(step.line(), flush=True)
     if dry_run:
         return True
-    proc = subprocess.run(step.argv, env=dict(os.environ, **step.env))
-    if proc.returncode != 0:
-        print(f'# FAILED (exit {proc.returncode}): {step.note}. Fix the cause and run the '
+    if step.call is not None:  # the same tool, without starting another interpreter
+        try:
+            step.call(step.argv[2:])
+            code = 0
+        except Exception as e:  # noqa: BLE001  (reported like a failed command)
+            print(f'{type(e).__name__}: {e}', file=sys.stderr)
+            code = 1
+    else:
+        code = subprocess.run(step.argv, env=dict(os.environ, **step.env)).returncode
+    if code != 0:
+        print(f'# FAILED (exit {code}): {step.note}. Fix the cause and run the '
               'same reproduce.py command again: finished steps are skipped and the '
               'training resumes.', file=sys.stderr, flush=True)
         return False

@@ -62,6 +62,21 @@ def test_detection_tta_through_test_tool(tmp_path):
     dumped = (run_dir / 'test_tta' / osp.basename(RETINANET)).read_text()
     assert "type='DetTTAModel'" in dumped and "'flip_direction'" in dumped
 
+    # the detection columns of the gain table: single-scale COCO AP x 100, no AP^m
+    gain_table = _tool('tools/analysis_tools/gain_table.py', 'gain_table_for_det')
+    rows = gain_table.main([str(run_dir), '--no-flops', '--out', str(tmp_path / 'table')])
+    single = _json(run_dir / 'test')['metrics']
+    assert [(r['backbone'], r['row'], r['schedule']) for r in rows] == [
+        ('Pola-PVT-T', 'pola', '1 ep')]
+    assert list(rows[0]['columns']) == ['AP_b', 'AP_b_50', 'AP_b_75']
+    for col, key in (('AP_b', 'bbox_mAP'), ('AP_b_50', 'bbox_mAP_50'),
+                     ('AP_b_75', 'bbox_mAP_75')):
+        assert rows[0][col] == pytest.approx(100 * single[f'coco/{key}'])
+    assert rows[0]['flops_G'] is None and 12 < rows[0]['params_M'] < 13
+    assert not osp.exists(tmp_path / 'table.png')  # no pair, no chart
+    with pytest.raises(FileNotFoundError, match='test_metrics.json'):
+        gain_table.main([str(data_root)])  # no test results in there
+
 
 def _json(work_dir):
     with open(work_dir / 'test_metrics.json') as f:

@@ -7,7 +7,7 @@
 A WORK_DIR is the work dir of one run (``tools/reproduce.py`` uses
 ``WORK_ROOT/<config name>``) or a folder holding such run dirs. A run's results are the
 ``test_metrics.json`` files that ``tools/test.py`` writes into its ``--work-dir``, looked
-for in the run dir and in its direct subfolders (``reproduce.py`` tests into
+for in each WORK_DIR and up to two folder levels below it (``reproduce.py`` tests into
 ``<run>/test`` and, with ``--tta``, ``<run>/test_tta``); each file names the config and
 checkpoint it tested and whether it used test-time augmentation. When several files
 describe the same kind of test, the newest counts.
@@ -98,25 +98,28 @@ def _read_record(path: str) -> dict:
 
 
 def _metric_files(work_dir: str) -> List[str]:
+    """The records in ``work_dir`` and up to two folder levels below it."""
     return sorted(glob.glob(osp.join(work_dir, METRICS_FILE)) +
-                  glob.glob(osp.join(work_dir, '*', METRICS_FILE)))
+                  glob.glob(osp.join(work_dir, '*', METRICS_FILE)) +
+                  glob.glob(osp.join(work_dir, '*', '*', METRICS_FILE)))
 
 
 def collect_runs(work_dirs: List[str]) -> List[Run]:
     """Find the test records under ``work_dirs`` (run dirs or folders of run dirs)."""
     runs: Dict[str, Run] = {}
+    seen = set()
     for work_dir in work_dirs:
         if not osp.isdir(work_dir):
             raise FileNotFoundError(f'work dir not found: {work_dir}')
         files = _metric_files(work_dir)
-        if not files:  # a folder of run dirs
-            files = sorted(glob.glob(osp.join(work_dir, '*', METRICS_FILE)) +
-                           glob.glob(osp.join(work_dir, '*', '*', METRICS_FILE)))
         if not files:
             raise FileNotFoundError(
-                f'{work_dir}: no {METRICS_FILE} in it, in its subfolders or theirs '
+                f'{work_dir}: no {METRICS_FILE} in it or up to two folders down '
                 '(tools/test.py writes one into its --work-dir)')
         for path in files:
+            if osp.realpath(path) in seen:
+                continue
+            seen.add(osp.realpath(path))
             record = _read_record(path)
             stem = osp.splitext(osp.basename(record['config']))[0]
             runs.setdefault(stem, Run(stem)).add(path, record)
