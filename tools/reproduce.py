@@ -145,9 +145,11 @@ class Step:
     """One command line (or a note about a skipped one)."""
 
     def __init__(self, note: str, argv: Optional[List[str]] = None,
-                 env: Optional[Dict[str, str]] = None, check=None, call=None):
+                 env: Optional[Dict[str, str]] = None, check=None, call=None,
+                 needs: Optional[List[str]] = None):
         self.note, self.argv, self.env, self.check = note, argv, env or {}, check
         self.call = call  # runs argv[2:] in this process instead of a new one
+        self.needs = needs or []  # local files the command reads
 
     def line(self) -> str:
         env = [f'{k}={shlex.quote(v)}' for k, v in self.env.items()]
@@ -206,7 +208,8 @@ class Planner:
                 note += f', resuming from {_show(latest)}'
             argv, env = self._launch('train.py', 'dist_train.sh', head, gpus,
                                      tail + train_opts)
-            steps.append(Step(note, argv, env, check=lambda: _require(final)))
+            steps.append(Step(note, argv, env, check=lambda: _require(final),
+                              needs=_local_weights(cfg)))
         tests = [('test', False)]
         if TASKS[task]['tta']:
             tests.append(('test_tta', True))
@@ -259,6 +262,14 @@ def _latest_checkpoint(run_dir: str) -> Optional[str]:
     if not osp.isdir(run_dir):
         return None
     return find_latest_checkpoint(run_dir)
+
+
+def _local_weights(cfg: Config) -> List[str]:
+    """Local checkpoint files the backbone's ``init_cfg`` loads (URLs are downloaded)."""
+    init = cfg.model.get('backbone', {}).get('init_cfg') or []
+    return [i['checkpoint'] for i in (init if isinstance(init, list) else [init])
+            if i.get('type') == 'Pretrained' and isinstance(i.get('checkpoint'), str)
+            and '://' not in i['checkpoint']]
 
 
 def _require(path: str) -> None:
@@ -367,9 +378,17 @@ def _do(step: Step, dry_run: bool) -> bool:
     print(f'# {step.note}', flush=True)
     if step.argv is None:
         return True
+    missing = [p for p in step.needs if not osp.isfile(p)]
+    for path in missing:
+        print(f'# needs {path}, which is missing (see tools/model_converters/official2mm.py)',
+              flush=True)
     print(step.line(), flush=True)
     if dry_run:
         return True
+    if missing:
+        print(f'# STOPPED before {step.note}: {", ".join(missing)} not found',
+              file=sys.stderr, flush=True)
+        return False
     if step.call is not None:  # the same tool, without starting another interpreter
         try:
             step.call(step.argv[2:])

@@ -189,7 +189,7 @@ def test_dry_run_all_prints_commands_of_existing_configs(reproduce, capsys, tmp_
     assert 'retinanet_pvt-l_fpn_1x_coco/test_tta' not in out  # detection: single scale
 
 
-def test_list_and_gpu_count_keep_the_protocol_batch(reproduce, capsys):
+def test_list_gpu_count_and_missing_weights(reproduce, capsys, tmp_path, monkeypatch):
     assert reproduce.main(['--list']) == 0
     out = capsys.readouterr().out
     assert 'mask-rcnn_pola-pvt-t_fpn_1x_coco.py  vs  mask-rcnn_pvt-t_fpn_1x_coco.py  ' \
@@ -197,11 +197,19 @@ def test_list_and_gpu_count_keep_the_protocol_batch(reproduce, capsys):
     assert '[4 GPUs x 4 images (batch 16), 80k it]' in out
     assert '[8 GPUs x 2 images (batch 16), 160k it]' in out
     assert '3x (36 ep)' in out
-    args = reproduce.parse_args(['upernet', '--arch', 'swin-t', '--gpus', '2'])
+    args = reproduce.parse_args(['upernet', '--arch', 'swin-t', '--gpus', '2',
+                                 '--work-root', str(tmp_path)])
     steps = reproduce.Planner(args, {}, []).plan('upernet', 'swin-t')
     train = steps[0].argv
     assert train[1].endswith('dist_train.sh') and train[3] == '2'
     assert train[-2:] == ['--cfg-options', 'train_dataloader.batch_size=8']
+    # the Pola backbone's converted checkpoint is looked for before anything starts
+    assert steps[0].needs == ['checkpoints/pola_swin_t_mm.pth']
+    monkeypatch.chdir(tmp_path)
+    assert reproduce._do(steps[0], dry_run=True)
+    assert not reproduce._do(steps[0], dry_run=False)
+    assert 'checkpoints/pola_swin_t_mm.pth not found' in capsys.readouterr().err
+    assert not os.listdir(tmp_path)
     args = reproduce.parse_args(['upernet', '--arch', 'swin-t', '--gpus', '3'])
     with pytest.raises(ValueError, match='does not split over 3 GPUs'):
         reproduce.Planner(args, {}, []).plan('upernet', 'swin-t')
