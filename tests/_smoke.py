@@ -176,3 +176,60 @@ def smoke_classification_config(cfg, data_root, work_dir):
         s.pop('begin', None)
         s.pop('end', None)
     return cfg
+
+
+def _cli_value(value):
+    """``value`` as mmengine's DictAction (``--cfg-options``) reads it back."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        if not value or any(c in value for c in ' ,()[]\'"'):
+            raise ValueError(f'{value!r} cannot be written as a --cfg-options value')
+        return value
+    if isinstance(value, (list, tuple)):
+        items = ','.join(_cli_value(v) for v in value)
+        return f'({items})' if isinstance(value, tuple) else f'[{items}]'
+    raise ValueError(f'{value!r} cannot be written as a --cfg-options value')
+
+
+def _diff(old, new, key, out):
+    if isinstance(new, dict):
+        if not isinstance(old, dict):
+            old = {}
+        gone = set(old) - set(new)
+        if gone:
+            raise ValueError(f'{key}: keys {sorted(gone)} removed; not expressible')
+        for k, v in new.items():
+            _diff(old.get(k, _MISSING), v, f'{key}.{k}' if key else k, out)
+    elif (isinstance(new, (list, tuple)) and isinstance(old, (list, tuple))
+          and len(old) == len(new) and any(isinstance(v, dict) for v in new)):
+        for i, (a, b) in enumerate(zip(old, new)):
+            _diff(a, b, f'{key}.{i}', out)
+    elif old is _MISSING or old != new:
+        out[key] = new
+
+
+_MISSING = object()
+# what smoke_config sets that tools/train.py / tools/test.py set themselves
+_RUNTIME_KEYS = ('work_dir', 'launcher', 'runner_type', 'load_from', 'resume')
+
+
+def smoke_cfg_options(config_path, data_root, iters=1):
+    """smoke_config as ``--cfg-options`` strings for tools/train.py / tools/test.py: the
+    keys it changes in ``config_path``, plus ``iters`` iterations (or epochs), a checkpoint
+    after each (the run keeps its final one) and no validation pass."""
+    from mmengine.config import Config
+    original = Config.fromfile(config_path)
+    small = smoke_config(Config.fromfile(config_path), data_root, '/unused')
+    loop = small.train_cfg
+    key = 'max_iters' if 'max_iters' in loop or loop.get('type') == 'IterBasedTrainLoop' \
+        else 'max_epochs'
+    loop[key] = iters
+    loop.val_begin = iters + 1  # the test tool evaluates
+    small.default_hooks.checkpoint.interval = iters
+    small.default_hooks.checkpoint.save_last = True
+    out = {}
+    _diff(original.to_dict(), small.to_dict(), '', out)
+    for k in _RUNTIME_KEYS:
+        out.pop(k, None)
+    return [f'{k}={_cli_value(v)}' for k, v in out.items()]

@@ -2,10 +2,12 @@
 """Evaluate a checkpoint with any config of this project.
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out FILE] [--show]
-                         [--show-dir DIR] [--cfg-options k=v ...] [--launcher ...]
+                         [--show-dir DIR] [--tta] [--cfg-options k=v ...] [--launcher ...]
 
 --out: detection/classification results as a .pkl; segmentation: a folder of
-prediction PNGs. --show-dir: images with predictions drawn.
+prediction PNGs. --show-dir: images with predictions drawn. --tta: test-time
+augmentation (the config's tta_model / tta_pipeline; segmentation and box detectors).
+The metrics are also written to <work dir>/test_metrics.json.
 """
 import argparse
 import os.path as osp
@@ -27,6 +29,9 @@ def parse_args(argv=None):
     p.add_argument('--show', action='store_true', help='show predictions in a window')
     p.add_argument('--show-dir', help='write images with predictions drawn here')
     p.add_argument('--wait-time', type=float, default=2, help='seconds between shown images')
+    p.add_argument('--tta', action='store_true',
+                   help="test-time augmentation with the config's tta_model / tta_pipeline "
+                   '(ADE20K: multi-scale + flip; COCO box detectors: flip)')
     p.add_argument('--cfg-options', nargs='+', action=DictAction,
                    help='override config keys')
     p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
@@ -40,11 +45,14 @@ def main(argv=None):
     cfg = entry.load_config(args.config, args.cfg_options)
     entry.prepare_test_config(cfg, args.config, args.checkpoint, work_dir=args.work_dir,
                               out=args.out, show=args.show, show_dir=args.show_dir,
-                              wait_time=args.wait_time, launcher=args.launcher)
+                              wait_time=args.wait_time, launcher=args.launcher,
+                              tta=args.tta)
     succeeded = False
     try:
         runner = entry.build_runner(cfg)
         metrics = runner.test()
+        entry.save_test_metrics(cfg, args.config, args.checkpoint, metrics, tta=args.tta,
+                                cfg_options=args.cfg_options)
         succeeded = True
         return metrics
     finally:

@@ -3,12 +3,15 @@
 Both take any config of the project (mmdet, mmseg or mmpretrain, told apart by the
 config's ``default_scope``) and run it with :class:`~.runner.PolaRunner`.
 """
+import copy
+import datetime
+import json
 import os
 import os.path as osp
 from typing import Optional
 
 import torch
-from mmengine.config import Config
+from mmengine.config import Config, ConfigDict
 
 from .checkpoint_io import require_checkpoint
 
@@ -78,12 +81,19 @@ def prepare_train_config(cfg: Config, config_path: str, work_dir: Optional[str] 
 def prepare_test_config(cfg: Config, config_path: str, checkpoint: str,
                         work_dir: Optional[str] = None, out: Optional[str] = None,
                         show: bool = False, show_dir: Optional[str] = None,
-                        wait_time: float = 2., launcher: str = 'none') -> Config:
-    """Apply the command-line choices of ``tools/test.py`` to ``cfg``."""
+                        wait_time: float = 2., launcher: str = 'none',
+                        tta: bool = False) -> Config:
+    """Apply the command-line choices of ``tools/test.py`` to ``cfg``.
+
+    ``tta``: test with the config's ``tta_model`` / ``tta_pipeline`` (see
+    :func:`enable_tta`).
+    """
     require_checkpoint(checkpoint, 'checkpoint file')
     _common(cfg, config_path, work_dir, launcher)
     cfg.load_from = checkpoint
     task = task_of(cfg)
+    if tta:
+        enable_tta(cfg, task)
     if show or show_dir:
         _enable_visualization(cfg, task, show, show_dir, wait_time)
     if out is not None:
@@ -144,3 +154,129 @@ def finish(succeeded: bool = True) -> None:
 def setup_local_rank(local_rank: Optional[int]) -> None:
     if 'LOCAL_RANK' not in os.environ and local_rank is not None:
         os.environ['LOCAL_RANK'] = str(local_rank)
+
+
+# mmdet's test tool uses these when a config defines no tta_model / tta_pipeline
+_DET_TTA_MODEL = dict(
+    type='DetTTAModel', tta_cfg=dict(nms=dict(type='nms', iou_threshold=0.5), max_per_img=100))
+_DET_META_KEYS = ('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor', 'flip',
+                  'flip_direction')
+
+
+def _innermost_dataset(dataset):
+    while 'dataset' in dataset:  # RepeatDataset, ClassBalancedDataset, ...
+        dataset = dataset['dataset']
+    return dataset
+
+
+def enable_tta(cfg: Config, task: str) -> Config:
+    """Switch a test config to test-time augmentation, as mmdet's and mmseg's own
+    ``tools/test.py --tta`` do: the test dataset reads ``cfg.tta_pipeline`` and the model
+    becomes ``cfg.tta_model`` wrapping ``cfg.model``.
+
+    Segmentation configs must define both (mmseg's ``default_runtime.py`` and dataset
+    configs do: multi-scale + flip). Detection configs without them get mmdet's test-tool
+    defaults: ``DetTTAModel`` (NMS 0.5, 100 boxes) and a horizontal-flip pipeline built
+    from the test pipeline. ``DetTTAModel`` merges boxes only and rejects masks, so
+    detectors with a mask head (Mask R-CNN) raise ValueError.
+
+    Args:
+        cfg: the test config, changed in place.
+        task: ``'mmdet'`` or ``'mmseg'`` (:func:`task_of`).
+
+    Returns:
+        The same config.
+    """
+    if task not in ('mmdet', 'mmseg'):
+        raise ValueError(f'--tta: detection (mmdet) and segmentation (mmseg) configs only, '
+                         f'not {task}')
+    dataset = _innermost_dataset(cfg.test_dataloader.dataset)
+    if task == 'mmseg':
+        missing = [key for key in ('tta_model', 'tta_pipeline') if key not in cfg]
+        if missing:
+            raise KeyError(f'--tta: the config defines no {" and no ".join(missing)} '
+                           "(mmseg's base configs do: tta_model in default_runtime.py, "
+                           'tta_pipeline in the dataset config)')
+    else:
+        if 'tta_model' not in cfg:
+            cfg.tta_model = copy.deepcopy(_DET_TTA_MODEL)
+        if 'tta_pipeline' not in cfg:
+            cfg.tta_pipeline = _det_flip_pipeline(dataset.pipeline)
+        if str(cfg.tta_model.get('type', '')).split('.')[-1] == 'DetTTAModel':
+            _check_boxes_only(cfg)
+    dataset.pipeline = copy.deepcopy(cfg.tta_pipeline)
+    cfg.model = ConfigDict(**cfg.tta_model, module=cfg.model)
+    return cfg
+
+
+def _det_flip_pipeline(test_pipeline):
+    """The test pipeline with its final PackDetInputs replaced by an original + flipped
+    pair of views (mmdet's test-tool default)."""
+    pipeline = copy.deepcopy(list(test_pipeline))
+    pack = pipeline[-1] if pipeline else {}
+    if str(pack.get('type', '')).split('.')[-1] != 'PackDetInputs':
+        raise ValueError('--tta: the test pipeline must end with PackDetInputs to build a '
+                         f'flip tta_pipeline (it ends with {pack.get("type")!r}); define '
+                         'tta_pipeline in the config')
+    keys = tuple(pack.get('meta_keys', _DET_META_KEYS))
+    keys += tuple(k for k in ('flip', 'flip_direction') if k not in keys)
+    pipeline[-1] = dict(
+        type='TestTimeAug',
+        transforms=[[dict(type='RandomFlip', prob=1.), dict(type='RandomFlip', prob=0.)],
+                    [dict(pack, meta_keys=keys)]])
+    return pipeline
+
+
+def _check_boxes_only(cfg):
+    """mmdet's DetTTAModel (3.3) merges boxes and asserts that no view carries masks."""
+    if _has_key(cfg.model, 'mask_head'):
+        raise ValueError(
+            "--tta: mmdet's DetTTAModel merges boxes only and rejects instance masks, so "
+            'a detector with a mask head (Mask R-CNN) cannot be tested with --tta; '
+            'box detectors (RetinaNet) can')
+
+
+def _has_key(node, key):
+    if isinstance(node, dict):
+        return any((k == key and v is not None) or _has_key(v, key)
+                   for k, v in node.items())
+    if isinstance(node, (list, tuple)):
+        return any(_has_key(v, key) for v in node)
+    return False
+
+
+TEST_METRICS_FILE = 'test_metrics.json'
+
+
+def save_test_metrics(cfg: Config, config_path: str, checkpoint: str, metrics: dict,
+                      tta: bool = False, cfg_options: Optional[dict] = None) -> Optional[str]:
+    """Write what ``tools/test.py`` measured to ``<work_dir>/test_metrics.json``
+    (main process only), the file ``tools/analysis_tools/gain_table.py`` reads.
+
+    Args:
+        cfg: the test config (its ``work_dir`` is used).
+        config_path: the config file that was tested.
+        checkpoint: the checkpoint that was tested.
+        metrics: what ``runner.test()`` returned.
+        tta: whether the test used test-time augmentation.
+        cfg_options: the ``--cfg-options`` of the test, recorded as given.
+
+    Returns:
+        The path written, or None on the other processes.
+    """
+    from mmengine.dist import is_main_process
+    if not is_main_process():
+        return None
+    record = dict(
+        config=osp.abspath(config_path),
+        checkpoint=osp.abspath(checkpoint) if osp.exists(checkpoint) else checkpoint,
+        tta=bool(tta),
+        cfg_options=cfg_options or {},
+        time=datetime.datetime.now().isoformat(timespec='seconds'),
+        metrics={k: (float(v) if isinstance(v, (int, float)) or hasattr(v, 'item') else v)
+                 for k, v in (metrics or {}).items()})
+    os.makedirs(cfg.work_dir, exist_ok=True)
+    path = osp.join(cfg.work_dir, TEST_METRICS_FILE)
+    with open(path, 'w') as f:
+        json.dump(record, f, indent=2, default=str)
+    return path
