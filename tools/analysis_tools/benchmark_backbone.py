@@ -505,7 +505,11 @@ def jobs_for(settings: dict) -> List[dict]:
     ]
 
 
-def run_all(specs: List[dict], settings: dict, log=print) -> List[dict]:
+def _log(line: str) -> None:
+    print(line, flush=True)
+
+
+def run_all(specs: List[dict], settings: dict, log=_log) -> List[dict]:
     results = []
     jobs = jobs_for(settings)
     for spec in specs:
