@@ -40,7 +40,7 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
-from typing import List, Optional
+from typing import List
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 STEPS = ('smoke', 'tests', 'benchmark', 'train')
@@ -298,12 +298,14 @@ def train_one(args, ctx, task: str) -> dict:
     ops = probe.get('mmcv_ops') or {}
     if task == 'det':
         if not _ok(probe.get('mmdet.models')):
-            return dict(status='skipped', reason=f"mmdet does not import: {probe.get('mmdet.models')}")
+            return dict(status='skipped',
+                        reason=f"mmdet does not import: {probe.get('mmdet.models')}")
         if not (isinstance(ops, dict) and ops.get('compiled_ops') and ops.get('cuda')):
             return dict(status='skipped', reason='Mask R-CNN needs mmcv ops built with CUDA; '
                         f'this mmcv: {ops}')
     elif not _ok(probe.get('mmseg.models')):
-        return dict(status='skipped', reason=f"mmseg does not import: {probe.get('mmseg.models')}")
+        return dict(status='skipped',
+                    reason=f"mmseg does not import: {probe.get('mmseg.models')}")
     work = osp.join(ctx['out'], 'work', task)
     os.makedirs(work, exist_ok=True)
     cfg_path = _train_config(task, ctx['data_root'], work, args.train_iters, args.train_batch)

@@ -79,7 +79,8 @@ def test_build_script_finds_the_cached_wheel(tmp_path):
     tag = 'cpu' if not torch.version.cuda else None
     if tag is None:
         pytest.skip('the cache key of a CUDA torch depends on the GPUs')
-    dest = tmp_path / f'mmcv-2.1.0-torch{torch_v}-cp{sys.version_info[0]}{sys.version_info[1]}-{tag}'
+    py = f'cp{sys.version_info[0]}{sys.version_info[1]}'
+    dest = tmp_path / f'mmcv-2.1.0-torch{torch_v}-{py}-{tag}'
     dest.mkdir()
     (dest / 'mmcv-2.1.0-cp311-cp311-linux_x86_64.whl').write_bytes(b'')
     proc = subprocess.run(['bash', SCRIPT, sys.executable], capture_output=True, text=True,

@@ -702,12 +702,14 @@ def environment(settings: dict) -> dict:
         name = torch.cuda.get_device_name(device)
     else:
         name = f'CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)'
+    from importlib import metadata
     versions = {}
-    for pkg in ('mmengine', 'mmcv', 'mmdet', 'mmseg'):
+    for key, dist in (('mmengine', 'mmengine'), ('mmcv', 'mmcv'), ('mmdet', 'mmdet'),
+                      ('mmseg', 'mmsegmentation')):
         try:
-            versions[pkg] = importlib.import_module(pkg).__version__
-        except Exception:  # noqa: BLE001  (absent or broken: reported as such)
-            versions[pkg] = None
+            versions[key] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[key] = None
     return dict(device_name=name, torch=torch.__version__, cuda=torch.version.cuda,
                 python=platform.python_version(),
                 threads=settings['threads'] or torch.get_num_threads(), **versions)
@@ -736,6 +738,8 @@ def main(argv=None) -> int:
     try:
         settings = validate(args)
         specs = backbone_specs(args.backbones, args.config)
+        for spec in specs:  # every type resolves here, before any measurement
+            backbone_class(spec)
         overrides = apply_overrides(specs, args.backbone_cfg)
     except BenchmarkError as e:
         parser.error(str(e))
