@@ -509,27 +509,36 @@ def _log(line: str) -> None:
     print(line, flush=True)
 
 
+def _row(spec: dict, job: dict, res: dict) -> dict:
+    return dict(backbone=spec['label'], mode=job['mode'], precision=job['precision'],
+                height=job['height'], width=job['width'], batch=job['batch'],
+                pixels=job['height'] * job['width'], **res)
+
+
 def run_all(specs: List[dict], settings: dict, log=_log) -> List[dict]:
-    results = []
+    """Every (backbone, job) measurement. In fresh processes the backbones take turns job
+    by job, so that the two sides of a ratio are measured close together in time (a
+    machine's load drifts); in this process each backbone is built once and runs all its
+    jobs before the next is built (on CUDA the peak memory then holds one model only)."""
     jobs = jobs_for(settings)
-    for spec in specs:
-        model = None
+    results = []
+    if settings['isolate'] == 'process':
         for job in jobs:
-            if settings['isolate'] == 'process':
-                res = run_isolated(spec, job, settings['timeout'])
-            else:
-                if model is None:
-                    model = build_backbone(spec).to(torch.device(settings['device']))
-                res = run_one(spec, job, model)
-            row = dict(backbone=spec['label'], mode=job['mode'], precision=job['precision'],
-                       height=job['height'], width=job['width'], batch=job['batch'],
-                       pixels=job['height'] * job['width'], **res)
-            results.append(row)
-            log(_progress_line(row))
-        del model
-        if settings['device_type'] == 'cuda':
-            torch.cuda.empty_cache()
-    return results
+            for spec in specs:
+                results.append(_row(spec, job, run_isolated(spec, job, settings['timeout'])))
+                log(_progress_line(results[-1]))
+    else:
+        device = torch.device(settings['device'])
+        for spec in specs:
+            model = build_backbone(spec).to(device)
+            for job in jobs:
+                results.append(_row(spec, job, run_one(spec, job, model)))
+                log(_progress_line(results[-1]))
+            del model
+            if device.type == 'cuda':
+                torch.cuda.empty_cache()
+    order = {s['label']: i for i, s in enumerate(specs)}
+    return sorted(results, key=lambda r: order[r['backbone']])  # table: backbone by backbone
 
 
 def _progress_line(r: dict) -> str:
