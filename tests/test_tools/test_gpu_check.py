@@ -38,6 +38,13 @@ def test_probe_of_this_environment():
         assert probe['mmcv_ops']['cuda'] is None
 
 
+def test_cuda_test_files_are_found():
+    files = gpu_check.cuda_test_files()
+    assert 'tests/test_cuda/test_backbones_cuda.py' in files
+    assert 'tests/test_cuda/test_train_amp.py' in files
+    assert 'tests/test_tools/test_gpu_check.py' not in files
+
+
 def test_pytest_counts(tmp_path):
     xml = tmp_path / 'r.xml'
     xml.write_text(
