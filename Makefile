@@ -35,5 +35,12 @@ QUICKSTART_ARGS ?=
 quickstart: install
 	$(PY) tools/quickstart.py $(QUICKSTART_ARGS)
 
+# On a machine with a CUDA GPU: the CUDA tests, the backbone benchmark on CUDA and a short AMP
+# training; one report folder (README, "GPU check"). Without a GPU it says so and fails.
+GPU_CHECK_ARGS ?=
+.PHONY: gpu-check
+gpu-check: install
+	$(PY) tools/gpu_check.py $(GPU_CHECK_ARGS)
+
 clean-venv:
 	rm -rf $(VENV)

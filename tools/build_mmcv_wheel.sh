@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build mmcv (with its compiled ops) once per (mmcv, torch, Python, CUDA) and keep the wheel in a
-# cache outside the repository. Prints the folder holding the wheel; build logs go to stderr.
+# Build mmcv (with its compiled ops) once per (mmcv, torch, Python, CUDA version and GPU
+# archs) and keep the wheel in a cache outside the repository. Prints the folder holding
+# the wheel; build logs go to stderr.
 #   usage: tools/build_mmcv_wheel.sh PYTHON
 # POLA_WHEEL_CACHE overrides the cache root (default: ${XDG_CACHE_HOME:-~/.cache}/polaformer_mm/wheels).
 set -euo pipefail
@@ -8,15 +9,17 @@ PY=${1:?usage: build_mmcv_wheel.sh PYTHON}
 MMCV_VERSION=${MMCV_VERSION:-2.1.0}
 CACHE_ROOT=${POLA_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/polaformer_mm/wheels}
 
-# CUDA ops are built only where torch is a CUDA build and nvcc is present; otherwise CPU ops.
-read -r KEY FORCE_CUDA < <("$PY" - <<'PYEOF'
-import shutil, sys, torch
-cuda = torch.version.cuda if shutil.which('nvcc') else None
-tag = 'cu' + cuda.replace('.', '') if cuda else 'cpu'
-torch_v = torch.__version__.split('+')[0]
-print(f'torch{torch_v}-cp{sys.version_info[0]}{sys.version_info[1]}-{tag}', 1 if cuda else 0)
-PYEOF
-)
+# How to build the ops (polaformer_mm/utils/mmcv_ops.py decides; it imports nothing of the
+# package): CPU ops for a CPU torch; for a CUDA torch, CUDA ops for TORCH_CUDA_ARCH_LIST
+# (default: the visible GPUs), and a stop with the fix when there is no nvcc, unless
+# POLA_MMCV_CPU_ONLY=1 asks for CPU-only ops.
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+PLAN=$("$PY" "$HERE/../polaformer_mm/utils/mmcv_ops.py" plan) || exit 1
+read -r KEY FORCE_CUDA ARCH_LIST HIDE_GPUS <<<"$PLAN"
+BUILD_ENV=(MMCV_WITH_OPS=1 FORCE_CUDA="$FORCE_CUDA" MAX_JOBS="${MAX_JOBS:-$(nproc)}")
+if [ "$ARCH_LIST" != "-" ]; then BUILD_ENV+=(TORCH_CUDA_ARCH_LIST="$ARCH_LIST"); fi
+# mmcv's setup.py compiles CUDA ops whenever a GPU is visible: hide them for CPU-only ops
+if [ "$HIDE_GPUS" = "1" ]; then BUILD_ENV+=(CUDA_VISIBLE_DEVICES=); fi
 DEST="$CACHE_ROOT/mmcv-$MMCV_VERSION-$KEY"
 if compgen -G "$DEST/mmcv-$MMCV_VERSION-*.whl" >/dev/null; then
   echo "mmcv $MMCV_VERSION wheel cached in $DEST" >&2
@@ -30,7 +33,7 @@ TMP=$(mktemp -d "$CACHE_ROOT/.build.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 # --no-cache-dir: pip's own wheel cache is keyed by the sdist alone, not by the torch or
 # CUDA it was compiled against; this cache is the one that knows.
-MMCV_WITH_OPS=1 FORCE_CUDA=$FORCE_CUDA MAX_JOBS=${MAX_JOBS:-$(nproc)} \
+env "${BUILD_ENV[@]}" \
   "$PY" -m pip wheel --no-cache-dir --no-build-isolation --no-deps --no-binary mmcv \
   "mmcv==$MMCV_VERSION" -w "$TMP" >&2
 # Publish atomically so an interrupted build never looks cached.

@@ -21,6 +21,7 @@ from mmengine.registry import MODEL_WRAPPERS, RUNNERS
 from mmengine.runner import Runner
 from torch.nn.parallel import DistributedDataParallel
 
+from ..utils.mmcv_ops import check_mmcv_cuda_ops
 from .checkpoint_io import (require_checkpoint, restore_runner_state,
                             runner_checkpoint_globals)
 from .hooks import ResumableStateHook
@@ -37,6 +38,7 @@ class PolaRunner(Runner):
     def __init__(self, *args, **kwargs):
         self._resuming = False
         super().__init__(*args, **kwargs)
+        check_mmcv_cuda_ops(self.model)  # on CUDA, mmcv ops must have CUDA kernels
         hooks = [h for h in self._hooks if isinstance(h, ResumableStateHook)]
         if hooks:
             self._state_hook = hooks[0]

@@ -1,0 +1,155 @@
+"""tools/analysis_tools/benchmark_backbone.py: a tiny run writes the table, the JSON (its
+ratios computed from its own numbers) and the PNG; one measurement in a fresh process;
+named backbones are the repo configs' backbones; bad arguments are named errors."""
+import importlib.util
+import json
+import os.path as osp
+
+import pytest
+from mmengine.config import Config
+
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+TOOL = osp.join(REPO, 'tools', 'analysis_tools', 'benchmark_backbone.py')
+
+
+def _load_tool():
+    spec = importlib.util.spec_from_file_location('_benchmark_backbone', TOOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load_tool()
+
+
+def test_tiny_run_writes_table_json_png(tmp_path, capsys):
+    out = tmp_path / 'out'
+    rc = bench.main(['--backbones', 'pola-pvt-t', 'pvt-t', '--sizes', '64x64', '48x80',
+                     '--mode', 'forward', 'train', '--repeat', '1', '--warmup', '0',
+                     '--threads', '1', '--isolate', 'none', '--out-dir', str(out)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    table = (out / 'benchmark_backbone.md').read_text()
+    assert table in printed
+    assert table.startswith('command: python ')
+    assert '--backbones pola-pvt-t pvt-t' in table.splitlines()[0]
+    assert '| pola-pvt-t | pvt-t | train | none | 48x80 | 1 |' in table
+
+    data = json.loads((out / 'benchmark_backbone.json').read_text())
+    assert set(data) >= {'command', 'env', 'settings', 'memory_note', 'backbones',
+                         'results', 'ratios'}
+    assert data['settings']['sizes'] == [[64, 64], [48, 80]]
+    assert set(data['backbones']) == {'pola-pvt-t', 'pvt-t'}
+    assert data['backbones']['pvt-t']['cfg']['type'] == 'PyramidVisionTransformer'
+    rows = data['results']
+    assert len(rows) == 2 * 2 * 2 and all(r['status'] == 'ok' for r in rows)
+    for r in rows:
+        assert set(r) >= {'backbone', 'mode', 'precision', 'height', 'width', 'batch',
+                          'pixels', 'times_s', 'time_s', 'mem_delta_mib', 'mem_peak_mib',
+                          'params_m'}
+        assert len(r['times_s']) == 1 and r['time_s'] == r['times_s'][0] > 0
+        assert r['mem_peak_mib'] > 0 and r['pixels'] == r['height'] * r['width']
+    assert len(data['ratios']) == 4
+    index = {(r['backbone'], r['mode'], r['height'], r['width']): r for r in rows}
+    for q in data['ratios']:
+        assert (q['pola'], q['baseline']) == ('pola-pvt-t', 'pvt-t')
+        p = index['pola-pvt-t', q['mode'], q['height'], q['width']]
+        b = index['pvt-t', q['mode'], q['height'], q['width']]
+        assert q['time'] == pytest.approx(p['time_s'] / b['time_s'])
+        assert q['mem_peak'] == pytest.approx(p['mem_peak_mib'] / b['mem_peak_mib'])
+        if b['mem_delta_mib'] > 0:
+            assert q['mem_delta'] == pytest.approx(p['mem_delta_mib'] / b['mem_delta_mib'])
+        assert f"| {q['time']:.2f} |" in table
+
+    png = (out / 'benchmark_backbone.png').read_bytes()
+    assert png[:8] == b'\x89PNG\r\n\x1a\n' and len(png) > 10000
+
+
+def test_isolated_measurement_reports_process_memory():
+    """CPU default: a fresh process per measurement; its resident-memory delta counts
+    the training step's activations and gradients, the peak the whole process."""
+    spec = bench.backbone_specs(['pola-pvt-t'], [])[0]
+    job = dict(device='cpu', mode='train', precision='none', height=64, width=96, batch=1,
+               warmup=0, repeat=1, threads=1)
+    res = bench.run_isolated(spec, job, timeout=300)
+    assert res['status'] == 'ok', res
+    assert res['memory'] == 'cpu-rss'
+    assert res['mem_method'] in ('VmHWM after reset', 'ru_maxrss')
+    # weights (13 M parameters, 52 MB) are loaded before the measurement: the delta holds
+    # at least their gradients, the peak the torch libraries too
+    assert res['mem_delta_mib'] > 40
+    assert res['mem_peak_mib'] > res['mem_delta_mib'] + 100
+    assert res['params_m'] == pytest.approx(13.0, abs=1.0)
+
+
+@pytest.mark.parametrize('name', sorted(bench.NAMED))
+def test_named_backbones_are_the_configs_backbones(name):
+    entry = bench.NAMED[name]
+    cfg = Config.fromfile(osp.join(REPO, entry['config']))
+    backbone = bench._clean_backbone_cfg(cfg.model.backbone.to_dict())
+    ours = dict(entry['cfg'])
+    # swin-b: the only Swin-B softmax config is mmseg's UperNet; its SwinTransformer has
+    # the constructor of mmdet's, which the name builds (without mmseg)
+    assert ours.pop('type') == backbone.pop('type').split('.')[-1]
+    for key, value in ours.items():
+        expected = backbone.get(key, _default(entry, key))
+        assert _same(value, expected), (key, value, expected)
+
+
+def _default(entry, key):
+    import inspect
+    cls = bench.backbone_class(dict(entry, label='x'))
+    return inspect.signature(cls.__init__).parameters[key].default
+
+
+def _same(a, b):
+    norm = (lambda v: list(v) if isinstance(v, (list, tuple)) else v)
+    return norm(a) == norm(b)
+
+
+def test_overrides_apply_by_name_or_by_argument():
+    specs = bench.backbone_specs(['pola-pvt-t', 'pvt-t'], [])
+    applied = bench.apply_overrides(specs, ["attn_types='LLSS'", 'pvt-t:num_layers=[1,1,1,1]'])
+    assert applied == ["pola-pvt-t: attn_types='LLSS'", 'pvt-t: num_layers=[1, 1, 1, 1]']
+    assert specs[0]['cfg']['attn_types'] == 'LLSS' and 'attn_types' not in specs[1]['cfg']
+    assert specs[1]['cfg']['num_layers'] == [1, 1, 1, 1]
+    assert bench.parse_override('pola-swin-t:linear_window_size=None') == (
+        'pola-swin-t', 'linear_window_size', None)
+    with pytest.raises(bench.BenchmarkError, match="none of .* takes an argument 'nope'"):
+        bench.apply_overrides(specs, ['nope=1'])
+    with pytest.raises(bench.BenchmarkError, match="PyramidVisionTransformer has no "
+                       "argument 'attn_types'"):
+        bench.apply_overrides(specs, ['pvt-t:attn_types=LLSS'])
+    with pytest.raises(bench.BenchmarkError, match="no backbone 'swin-t'"):
+        bench.apply_overrides(specs, ['swin-t:window_size=12'])
+
+
+@pytest.mark.parametrize('args,message', [
+    (['--backbones', 'pola-pvt-t', '--repeat', '0'], '--repeat must be >= 1, got 0'),
+    (['--backbones', 'pola-pvt-t', '--warmup', '-1'], '--warmup must be >= 0'),
+    (['--backbones', 'pola-pvt-t', '--batch', '0'], '--batch values must be >= 1'),
+    (['--backbones', 'pola-pvt-x'], "--backbones: unknown ['pola-pvt-x']"),
+    ([], 'give --backbones and/or --config'),
+    (['--backbones', 'pola-pvt-t', '--sizes', '800by1333'], "--sizes: '800by1333' is not"),
+    (['--backbones', 'pola-pvt-t', '--amp', 'bf16'], '--amp bf16 needs --device cuda'),
+    (['--backbones', 'pola-pvt-t', '--device', 'tpu'], '--device'),
+    (['--backbones', 'pola-pvt-t', 'pola-pvt-t'], "given twice: ['pola-pvt-t']"),
+    (['--config', 'no/such.py'], "--config: file(s) not found: ['no/such.py']"),
+    (['--backbones', 'pola-pvt-t', '--backbone-cfg', 'novalue'], 'expected [NAME:]KEY=VALUE'),
+])
+def test_bad_arguments_are_named(args, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(args)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_config_files_pair_by_name(tmp_path):
+    paths = [osp.join(REPO, 'configs/pola_pvt', f'retinanet_{n}_fpn_1x_coco.py')
+             for n in ('pola-pvt-t', 'pvt-t')]
+    specs = bench.backbone_specs([], paths)
+    labels = [s['label'] for s in specs]
+    assert labels == ['retinanet_pola-pvt-t_fpn_1x_coco', 'retinanet_pvt-t_fpn_1x_coco']
+    assert specs[0]['cfg']['type'] == 'PolaPVT' and 'init_cfg' not in specs[0]['cfg']
+    assert bench.baseline_of(labels[0], labels) == labels[1]
+    assert bench.baseline_of(labels[1], labels) is None
