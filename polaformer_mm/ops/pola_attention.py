@@ -170,33 +170,37 @@ def _scaled_features(x: Tensor,
                      per_row: bool,
                      shift: Optional[Tensor] = None,
                      keep: bool = False):
-    """``[x+, x-] * exp(-M)`` (..., 2d) and the shift ``M``.
+    """The features ``[x+, x-] * exp(-M)`` as two planes (2, ...) and the shift ``M``.
 
     ``M`` is max(0, max p log|x|) over the row (``per_row``) or over the last two dims,
     unless given. A feature is ``exp(max(p log max(|x|, tiny) - M, log tiny))`` on the
     channel's own polarity (sign of x) and 0 on the other: exact zeros give zero
     features and never raise ``M`` above 0, and no ``log`` or ``exp`` sees 0, inf or a
     result below the smallest normal number (the slow paths of the vectorised CPU
-    kernels). With ``keep`` also returns, for the backward pass,
+    kernels). The planes are contiguous and serve as scratch space, so that the only
+    memory allocated is theirs. With ``keep`` also returns, for the backward pass,
     ``p log max(|x|, tiny)`` and ``sign(x) / max(|x|, tiny)`` (0 at x == 0).
     """
     info = torch.finfo(x.dtype)
-    magnitude = torch.abs(x).clamp_min_(info.tiny)
-    scaled = torch.log(magnitude) if keep else magnitude.log_()
-    scaled.mul_(p)
+    feats = x.new_empty((2, ) + x.shape)
+    pos, neg = feats[0], feats[1]
+    if keep:
+        magnitude = torch.abs(x).clamp_min_(info.tiny)
+        scaled = torch.log(magnitude).mul_(p)
+    else:
+        scaled = torch.abs(x, out=pos).clamp_min_(info.tiny).log_().mul_(p)
     if shift is None:
         dims = (-1, ) if per_row else (-2, -1)
         shift = scaled.amax(dim=dims, keepdim=True).clamp_min_(0)
-    signed = torch.sub(scaled, shift) if keep else scaled.sub_(shift)
-    signed.clamp_min_(math.log(info.tiny)).exp_()
-    sign = torch.sign(x)
-    signed.mul_(sign)  # +-feature, 0 at x == 0
-    d = x.shape[-1]
-    feats = x.new_empty(x.shape[:-1] + (2 * d, ))
-    torch.clamp_min(signed, 0, out=feats[..., :d])
-    torch.sub(feats[..., :d], signed, out=feats[..., d:])
+    torch.sub(scaled, shift, out=pos).clamp_min_(math.log(info.tiny)).exp_()
+    torch.sign(x, out=neg)
+    pos.mul_(neg)  # +-feature, 0 at x == 0
     if keep:
-        return feats, shift, scaled, sign.div_(magnitude)
+        inv_x = magnitude.reciprocal_().mul_(neg)
+    torch.neg(pos, out=neg).clamp_min_(0)
+    pos.clamp_min_(0)
+    if keep:
+        return feats, shift, scaled, inv_x
     return feats, shift
 
 
@@ -246,21 +250,33 @@ def _bmm(x: Tensor) -> Tensor:
     return x.reshape((-1, ) + x.shape[-2:])
 
 
+def _times_planes(x: Tensor, W: Tensor) -> Tensor:
+    """``[x+, x-] @ W`` for features as planes (2, ..., m, d) and W (..., 2d, c)."""
+    d = x.shape[-1]
+    out = torch.matmul(x[0], W[..., :d, :])
+    _bmm(out).baddbmm_(_bmm(x[1]), _bmm(W[..., d:, :]))
+    return out
+
+
+def _planes_t_times(x: Tensor, y: Tensor) -> Tensor:
+    """``[x+, x-]^T @ y`` (..., 2d, c) for features as planes and y (..., m, c)."""
+    return torch.cat([torch.matmul(x[0].transpose(-2, -1), y),
+                      torch.matmul(x[1].transpose(-2, -1), y)], dim=-2)
+
+
 def _feature_grads(prod: Tensor, scaled: Tensor, inv_x: Tensor,
                    p: Tensor) -> Tuple[Tensor, Tensor]:
-    """Gradients of x (..., d) and of the exponent p (1,h,1,d).
+    """Gradients of x (..., d) and of the exponent p (1,h,1,d), in place.
 
-    ``prod`` (..., 2d) is the gradient of the features times the features. With
+    ``prod`` (2, ...) is the gradient of the feature planes times the features. With
     f = |x|^p e^{-M} on the channel's own polarity (M held constant: the output does
     not depend on it), df/dx = p f sign(x) / |x| and df/dp = f log|x|; both are 0 at
-    x == 0, where f is 0.
+    x == 0, where f is 0. ``inv_x`` becomes the gradient of x.
     """
-    d = inv_x.shape[-1]
-    r = torch.add(prod[..., :d], prod[..., d:])  # g f on the channel's own polarity
-    del prod
-    g_p = torch.linalg.vecdot(r, scaled, dim=-2).sum(dim=0)  # (h, d): sum r p log|x|
-    g_p = g_p.reshape(p.shape).div_(p)
-    return r.mul_(inv_x).mul_(p), g_p
+    r = prod[0].add_(prod[1])  # g f on the channel's own polarity
+    g_x = inv_x.mul_(r).mul_(p)
+    g_p = r.mul_(scaled).sum(dim=(0, 2), keepdim=True).div_(p)  # sum r log|x|
+    return g_x, g_p
 
 
 class _PolaAttentionFunction(torch.autograd.Function):
@@ -273,11 +289,12 @@ class _PolaAttentionFunction(torch.autograd.Function):
         d1 = _value_split(d)
         p = _exponent(power, alpha)
         kf, shift_k = _scaled_features(k, p, per_row=False)
-        kv = torch.matmul(kf.transpose(-2, -1), v).div_(n)  # [k+, k-]^T v / n
-        W = _assemble_summary(kv, kf.mean(dim=-2))
-        del kf, kv
+        kv = _planes_t_times(kf, v).div_(n)  # [k+, k-]^T v / n
+        k_mean = kf.mean(dim=-2).permute(1, 2, 0, 3).reshape(kv.shape[:-1])
+        W = _assemble_summary(kv, k_mean)
+        del kf, kv, k_mean
         qf, shift_q = _scaled_features(q, p, per_row=True)
-        out_full = torch.matmul(qf, W)
+        out_full = _times_planes(qf, W)
         del qf
         inv_den = out_full[..., d:].add_(_scaled_eps(eps, shift_q, shift_k)).reciprocal_()
         out = torch.empty_like(q)
@@ -310,41 +327,44 @@ class _PolaAttentionFunction(torch.autograd.Function):
         p = _exponent(power, alpha)
         grad_out = grad_out.to(q.dtype)
 
-        # Queries. out_c = num_c z (z = 1 / denominator of c's stream), num = Q W_num:
-        # dL/dnum_c = g_c z, dL/dden = -z sum_c g_c out_c = -z sum_c (g_c z) num_c, and
-        # sum_c (g_c z) num_c = rowdot(Q, (g z)_stream W_stream^T) needs no num.
+        # Queries: recompute num and the denominators. out_c = num_c z (z = 1 / the
+        # denominator of c's stream): dL/dnum_c = g_c z, dL/dden = -z sum_c (g_c z) num_c.
         qf, shift_q, scaled, inv_x = _scaled_features(q, p, per_row=True, keep=True)
-        inv_den = torch.matmul(qf, W[..., d:]).add_(_scaled_eps(eps, shift_q, shift_k))
-        inv_den.reciprocal_()
-        g_full = qf.new_empty(q.shape[:-1] + (d + 2, ))  # [g z, dL/dden_sim, dL/dden_opp]
+        out_full = _times_planes(qf, W)
+        inv_den = out_full[..., d:].add_(_scaled_eps(eps, shift_q, shift_k)).reciprocal_()
+        g_full = out_full.new_empty(out_full.shape)  # [g z, dL/dden_sim, dL/dden_opp]
         torch.mul(grad_out[..., :d1], inv_den[..., :1], out=g_full[..., :d1])
         torch.mul(grad_out[..., d1:], inv_den[..., 1:], out=g_full[..., d1:d])
-        g_qf = torch.matmul(g_full[..., :d1], W[..., :d1].transpose(-2, -1))
-        dot_sim = torch.linalg.vecdot(qf, g_qf)
-        _bmm(g_qf).baddbmm_(_bmm(g_full[..., d1:d]), _bmm(W[..., d1:d]).transpose(-2, -1))
-        dot_opp = torch.linalg.vecdot(qf, g_qf).sub_(dot_sim)
-        torch.mul(dot_sim, inv_den[..., 0], out=g_full[..., d]).neg_()
-        torch.mul(dot_opp, inv_den[..., 1], out=g_full[..., d + 1]).neg_()
-        del dot_sim, dot_opp, inv_den
-        _bmm(g_qf).baddbmm_(_bmm(g_full[..., d:]), _bmm(W[..., d:]).transpose(-2, -1))
-        gW = torch.matmul(qf.transpose(-2, -1), g_full)
-        del g_full
-        prod = g_qf.mul_(qf)
-        del g_qf, qf
-        g_q, g_p = _feature_grads(prod, scaled, inv_x, p)
-        del prod, scaled, inv_x
+        g_num = out_full[..., :d].mul_(g_full[..., :d])
+        torch.sum(g_num[..., :d1], dim=-1, keepdim=True, out=g_full[..., d:d + 1])
+        torch.sum(g_num[..., d1:], dim=-1, keepdim=True, out=g_full[..., d + 1:])
+        g_full[..., d:].mul_(inv_den).neg_()
+        del g_num, inv_den
+        gW = _planes_t_times(qf, g_full)
+        g_feat = torch.empty_like(qf[0])  # the gradient of one feature plane at a time
+        for i in range(2):
+            torch.bmm(_bmm(g_full), _bmm(W[..., i * d:(i + 1) * d, :]).transpose(-2, -1),
+                      out=_bmm(g_feat))
+            qf[i].mul_(g_feat)
+        del out_full, g_full, g_feat
+        g_q, g_p = _feature_grads(qf, scaled, inv_x, p)
+        del qf, scaled, inv_x
 
         # Keys: W holds [k+, k-]^T v / n and the key means.
         g_kv, g_mean = _summary_grads(gW, d)
         g_kv.div_(n)
         g_mean.div_(n)
         kf, _, scaled, inv_x = _scaled_features(k, p, False, shift=shift_k, keep=True)
-        g_v = torch.matmul(kf, g_kv)
-        prod = torch.baddbmm(_bmm(g_mean.unsqueeze(-2)), _bmm(v),
-                             _bmm(g_kv).transpose(-2, -1)).view(kf.shape)
-        prod.mul_(kf)
-        del kf
-        g_k, g_pk = _feature_grads(prod, scaled, inv_x, p)
+        g_v = _times_planes(kf, g_kv)
+        g_feat = torch.empty_like(kf[0])
+        v_b = _bmm(v)
+        for i in range(2):
+            rows = slice(i * d, (i + 1) * d)
+            torch.baddbmm(_bmm(g_mean[..., None, rows]), v_b,
+                          _bmm(g_kv[..., rows, :]).transpose(-2, -1), out=_bmm(g_feat))
+            kf[i].mul_(g_feat)
+        del g_feat, v_b
+        g_k, g_pk = _feature_grads(kf, scaled, inv_x, p)
         s = torch.sigmoid(power)
         g_power = g_p.add_(g_pk).mul_(s * (1 - s) * alpha)
         return g_q, g_k, g_v, g_power, None, None

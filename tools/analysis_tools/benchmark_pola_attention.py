@@ -203,7 +203,7 @@ def main(argv=None):
           f'torch={torch.__version__} threads={torch.get_num_threads()} '
           f'repeat={args.repeat}')
     print('command: python ' + ' '.join([sys.argv[0]] + (argv or sys.argv[1:])))
-    header = (f"{'shape (B, h, N, n, d)':<44}{'impl':<10}{'fwd ms':>10}{'fwd+bwd ms':>12}"
+    header = (f"{'shape (B, h, N, n, d)':<48}{'impl':<10}{'fwd ms':>10}{'fwd+bwd ms':>12}"
               f"{'peak MiB':>10}{'time/op':>9}{'peak/op':>9}")
     print(header)
     print('-' * len(header))
@@ -227,14 +227,14 @@ def main(argv=None):
                 peaks[impl] = measure_cpu_peak(impl, index, args)
         label = f'{name} ({B}, {h}, {N}, {n}, {d})'
         for impl in impls:
-            print(f'{label:<44}{impl:<10}{fwd[impl]:10.2f}{fb[impl]:12.2f}'
+            print(f'{label:<48}{impl:<10}{fwd[impl]:10.2f}{fb[impl]:12.2f}'
                   f'{peaks[impl]:10.1f}{fb[impl] / fb["op"]:9.2f}'
                   f'{peaks[impl] / peaks["op"]:9.2f}')
         summary.append((label, fb['naive'] / fb['op'], peaks['op'] / peaks['naive']))
     print()
-    print(f"{'shape':<44}{'op speed-up over naive (fwd+bwd)':>34}{'op peak / naive peak':>22}")
+    print(f"{'shape':<48}{'op speed-up over naive (fwd+bwd)':>34}{'op peak / naive peak':>22}")
     for label, speedup, memory in summary:
-        print(f'{label:<44}{speedup:33.2f}x{memory:22.2f}')
+        print(f'{label:<48}{speedup:33.2f}x{memory:22.2f}')
 
 
 if __name__ == '__main__':
