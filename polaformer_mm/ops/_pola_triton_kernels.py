@@ -8,13 +8,43 @@ denominators of the same-signed and the opposite stream). A feature is
 ``exp(p log max(|x|, tiny) - M)`` masked by the sign of x, so exact zeros give zero
 features and never raise the shift ``M`` (which is at least 0).
 """
+import os
+
 import triton
 import triton.language as tl
+
+#: Launch configurations tried once per head width and storage dtype on the GPU (the
+#: fastest wins; ones that do not fit the GPU's shared memory are skipped). The first
+#: is the one the interpreter runs.
+CONFIGS = [
+    triton.Config({'BLOCK_N': 64}, num_warps=4, num_stages=2),
+    triton.Config({'BLOCK_N': 64}, num_warps=8, num_stages=2),
+    triton.Config({'BLOCK_N': 32}, num_warps=4, num_stages=2),
+    triton.Config({'BLOCK_N': 32}, num_warps=4, num_stages=1),
+]
+
+
+def _prune(configs, named_args, **kwargs):
+    if os.environ.get('TRITON_INTERPRET', '0') == '1':
+        return configs[:1]  # no timing in the interpreter
+    return configs
+
+
+def _autotune(fn):
+    return triton.autotune(configs=CONFIGS, key=['d'],
+                           prune_configs_by={'early_config_prune': _prune})(fn)
 
 
 @triton.jit
 def _log_abs(x, TINY: tl.constexpr):
     return tl.log(tl.maximum(tl.abs(x), TINY))
+
+
+@triton.jit
+def _scaled_eps(eps, shift, k_shift, TINY: tl.constexpr):
+    """eps * exp(-(M_q + M_k)), at least the smallest normal number."""
+    log_tiny = tl.log(TINY)
+    return tl.maximum(eps * tl.exp(tl.maximum(-(shift + k_shift), log_tiny)), TINY)
 
 
 @triton.jit
@@ -44,6 +74,7 @@ def _load_summary(W, offs_d, d, d_mask):
     return w_pos, w_neg, den_s_pos, den_s_neg, den_o_pos, den_o_neg
 
 
+@_autotune
 @triton.jit
 def _key_summary_kernel(K, V, P, KV, KMEAN, KMAX, stride_kb, stride_kh, stride_kn,
                         stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, H, n, d,
@@ -109,6 +140,7 @@ def _query_features(q, p, TINY: tl.constexpr):
     return tl.where(q > 0, phi, 0.), tl.where(q < 0, phi, 0.), shift, log_abs
 
 
+@_autotune
 @triton.jit
 def _query_forward_kernel(Q, W, P, EPS, KMAX, OUT, stride_qb, stride_qh, stride_qn,
                           stride_qd, stride_ob, stride_oh, stride_on, stride_od, H, N, d,
@@ -141,13 +173,14 @@ def _query_forward_kernel(Q, W, P, EPS, KMAX, OUT, stride_qb, stride_qh, stride_
         num = tl.dot(q_neg, w_neg, num, input_precision=PRECISION)
         den_s = tl.sum(q_pos * den_s_pos[None, :] + q_neg * den_s_neg[None, :], axis=1)
         den_o = tl.sum(q_pos * den_o_pos[None, :] + q_neg * den_o_neg[None, :], axis=1)
-        eps_scaled = eps * tl.exp(-(shift + k_shift))
+        eps_scaled = _scaled_eps(eps, shift, k_shift, TINY)
         inv_s = 1. / (den_s + eps_scaled)
         inv_o = 1. / (den_o + eps_scaled)
         out = num * tl.where(first, inv_s[:, None], inv_o[:, None])
         _store_block(out_base, out, offs_n, offs_d, stride_on, stride_od, mask)
 
 
+@_autotune
 @triton.jit
 def _query_backward_kernel(Q, GO, W, P, EPS, KMAX, GQ, GW, GP, stride_qb, stride_qh,
                            stride_qn, stride_qd, stride_gob, stride_goh, stride_gon,
@@ -191,7 +224,7 @@ def _query_backward_kernel(Q, GO, W, P, EPS, KMAX, GQ, GW, GP, stride_qb, stride
         num = tl.dot(q_neg, w_neg, num, input_precision=PRECISION)
         den_s = tl.sum(q_pos * den_s_pos[None, :] + q_neg * den_s_neg[None, :], axis=1)
         den_o = tl.sum(q_pos * den_o_pos[None, :] + q_neg * den_o_neg[None, :], axis=1)
-        eps_scaled = eps * tl.exp(-(shift + k_shift))
+        eps_scaled = _scaled_eps(eps, shift, k_shift, TINY)
         inv_s = 1. / (den_s + eps_scaled)
         inv_o = 1. / (den_o + eps_scaled)
         inv = tl.where(first, inv_s[:, None], inv_o[:, None])
@@ -227,6 +260,7 @@ def _query_backward_kernel(Q, GO, W, P, EPS, KMAX, GQ, GW, GP, stride_qb, stride
     tl.store(GP + part * d + offs_d, acc_p, mask=d_mask)
 
 
+@_autotune
 @triton.jit
 def _key_backward_kernel(K, V, P, KMAX, GKV, GMEAN, GK, GV, GP, stride_kb, stride_kh,
                          stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,

@@ -239,10 +239,11 @@ def _summary_grads(gW: Tensor, d: int) -> Tuple[Tensor, Tensor]:
 
 
 def _scaled_eps(eps: EpsType, shift_q: Tensor, shift_k: Tensor) -> Tensor:
-    """``eps * exp(-(M_q + M_k))`` (B,h,N,1): the eps of the scaled features."""
-    floor = math.log(torch.finfo(shift_q.dtype).tiny)
-    scale = torch.add(shift_q, shift_k).neg_().clamp_min_(floor).exp_()
-    return scale.mul_(eps)
+    """``eps * exp(-(M_q + M_k))`` (B,h,N,1): the eps of the scaled features, at least
+    the smallest normal number (so that 1 / eps is finite)."""
+    tiny = torch.finfo(shift_q.dtype).tiny
+    scale = torch.add(shift_q, shift_k).neg_().clamp_min_(math.log(tiny)).exp_()
+    return scale.mul_(eps).clamp_min_(tiny)
 
 
 def _bmm(x: Tensor) -> Tensor:

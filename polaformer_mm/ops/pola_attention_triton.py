@@ -60,16 +60,16 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _launch_config(d: int) -> Tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_D, num_warps) for head width d."""
-    block_d = max(16, 1 << (d - 1).bit_length())
-    block_n = 64 if block_d <= 64 else 32
-    num_warps = 4 if block_d <= 32 else 8
-    return block_n, block_d, num_warps
+def _block_d(d: int) -> int:
+    return max(16, 1 << (d - 1).bit_length())
 
 
-def _splits(rows: int, block_n: int, bh: int, device: torch.device) -> Tuple[int, int]:
-    """(rows per program, programs per (batch, head)) for a reduction over ``rows``."""
+def _splits(rows: int, bh: int, device: torch.device) -> Tuple[int, int]:
+    """(rows per program, programs per (batch, head)) for a pass over ``rows``.
+
+    Rows per program are a multiple of every BLOCK_N of the launch configurations.
+    """
+    block_n = max(config.kwargs['BLOCK_N'] for config in _kernels.CONFIGS)
     blocks = _cdiv(rows, block_n)
     if device.type == 'cuda':
         target = 4 * torch.cuda.get_device_properties(device).multi_processor_count
@@ -86,11 +86,11 @@ def _precision(device: torch.device) -> str:
     return 'ieee'
 
 
-def _meta(d: int, device: torch.device) -> Tuple[int, dict]:
-    """BLOCK_N and the compile-time arguments of every kernel launch."""
-    block_n, block_d, num_warps = _launch_config(d)
-    return block_n, dict(BLOCK_N=block_n, BLOCK_D=block_d, PRECISION=_precision(device),
-                         TINY=_TINY, num_warps=num_warps, enable_fp_fusion=True)
+def _meta(d: int, device: torch.device) -> dict:
+    """The compile-time arguments of every kernel launch (the autotuner adds BLOCK_N,
+    num_warps and num_stages)."""
+    return dict(BLOCK_D=_block_d(d), PRECISION=_precision(device), TINY=_TINY,
+                enable_fp_fusion=True)
 
 
 def _eps_per_head(eps: EpsType, B: int, h: int, device: torch.device) -> Tensor:
@@ -109,11 +109,11 @@ class _PolaAttentionTriton(torch.autograd.Function):
         n = k.shape[2]
         bh = B * h
         device = q.device
-        block_n, meta = _meta(d, device)
+        meta = _meta(d, device)
         p = _exponent(power.detach().float(), alpha).reshape(h, d).contiguous()
         eps_bh = _eps_per_head(eps, B, h, device)
 
-        rows, splits = _splits(n, block_n, bh, device)
+        rows, splits = _splits(n, bh, device)
         kv_part = torch.empty(bh, splits, 2 * d, d, dtype=torch.float32, device=device)
         sum_part = torch.empty(bh, splits, 2 * d, dtype=torch.float32, device=device)
         shift_part = torch.empty(bh, splits, dtype=torch.float32, device=device)
@@ -127,7 +127,7 @@ class _PolaAttentionTriton(torch.autograd.Function):
         W = _assemble_summary(kv, k_mean).contiguous()
 
         out = torch.empty_like(q)
-        rows, splits = _splits(N, block_n, bh, device)
+        rows, splits = _splits(N, bh, device)
         _kernels._query_forward_kernel[(bh, splits)](
             q, W, p, eps_bh, k_shift, out, *q.stride(), *out.stride(), h, N, d,
             _value_split(d), rows, **meta)
@@ -143,11 +143,11 @@ class _PolaAttentionTriton(torch.autograd.Function):
         n = k.shape[2]
         bh = B * h
         device = q.device
-        block_n, meta = _meta(d, device)
+        meta = _meta(d, device)
         p = _exponent(power.detach().float(), ctx.alpha).reshape(h, d).contiguous()
 
         g_q = torch.empty_like(q)
-        rows, splits = _splits(N, block_n, bh, device)
+        rows, splits = _splits(N, bh, device)
         gw_part = torch.empty(bh, splits, 2 * d, d + 2, dtype=torch.float32, device=device)
         gp_q = torch.empty(bh, splits, d, dtype=torch.float32, device=device)
         _kernels._query_backward_kernel[(bh, splits)](
@@ -159,7 +159,7 @@ class _PolaAttentionTriton(torch.autograd.Function):
 
         g_k = torch.empty_like(k)
         g_v = torch.empty_like(v)
-        rows, splits = _splits(n, block_n, bh, device)
+        rows, splits = _splits(n, bh, device)
         gp_k = torch.empty(bh, splits, d, dtype=torch.float32, device=device)
         _kernels._key_backward_kernel[(bh, splits)](
             k, v, p, k_shift, g_kv, g_mean, g_k, g_v, gp_k, *k.stride(), *v.stride(),

@@ -5,8 +5,8 @@ must be set before Triton is imported, hence the separate process) runs every ca
 :data:`CASES` through the kernels on CPU tensors and through the torch path, and prints
 one JSON line: per case, the largest difference of the output and of each gradient,
 relative to the largest magnitude of the torch path's. ``compile`` (without the
-interpreter) compiles the four kernels for an sm_90 GPU with Triton's own ptxas, which
-needs no GPU, and prints the kernels compiled.
+interpreter) runs Triton's compiler on the four kernels for an sm_90 GPU up to its GPU
+dialect, which needs no GPU, and prints the kernels lowered.
 """
 import json
 import os
@@ -23,6 +23,7 @@ CASES = {
     'tensor_eps_padded_keys': (3, 2, 19, 40, 32, 'float32', 'padded'),
     'large_magnitudes': (1, 2, 33, 21, 32, 'float32', 'large'),
     'exact_zeros': (2, 2, 17, 23, 32, 'float32', 'zeros'),
+    'large_query_meets_zero_keys': (1, 2, 9, 12, 32, 'float32', 'meet_zero'),
     'strided_layout': (2, 3, 25, 25, 32, 'float32', 'strided'),
     'float16_storage': (2, 2, 37, 29, 32, 'float16', ''),
     'bfloat16_storage': (2, 2, 37, 29, 64, 'bfloat16', ''),
@@ -46,6 +47,11 @@ def _case_inputs(B, h, N, n, d, dtype, what):
         power = torch.full_like(power, 10.)
     elif what == 'growing':  # the running shift of a key split grows block by block
         k = k * torch.logspace(0, 3, n).reshape(1, 1, n, 1)
+    elif what == 'meet_zero':  # 0 / (0 + eps) with large shifts: eps must not underflow
+        q, k = q * 1e4, k * 1e4
+        power = torch.full_like(power, 10.)
+        q[..., 0, 1:] = 0
+        k[..., 0] = 0
     elif what == 'zeros':
         q[..., ::3] = 0
         q[:, :, 0] = 0
@@ -103,13 +109,17 @@ def interpret():
     return {name: run_case(*spec) for name, spec in CASES.items()}
 
 
-def compile_for_sm90():
-    import triton
+def lower_for_sm90():
+    """Run Triton's compiler on every kernel for an sm_90 target as far as its GPU
+    dialect (TTGIR): parsing, typing, tl.dot shapes and layouts. The LLVM, PTX and ptxas
+    stages (minutes for these kernels on a 2-core machine) are left out."""
+    from triton._C.libtriton import ir
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    from triton.compiler.compiler import make_backend
 
     from polaformer_mm.ops import _pola_triton_kernels as kernels
-    from polaformer_mm.ops.pola_attention_triton import _launch_config
+    from polaformer_mm.ops.pola_attention_triton import _TINY, _block_d
 
     pointer_args = {
         '_key_summary_kernel': dict(K='x', V='x', P='f', KV='f', KMEAN='f', KMAX='f'),
@@ -119,13 +129,20 @@ def compile_for_sm90():
         '_key_backward_kernel': dict(K='x', V='x', P='f', KMAX='f', GKV='f', GMEAN='f',
                                      GK='x', GV='x', GP='f'),
     }
-    compiled = []
-    for d, dtype in ((64, 'bf16'), ):
-        block_n, block_d, num_warps = _launch_config(d)
-        constants = dict(BLOCK_N=block_n, BLOCK_D=block_d, PRECISION='ieee',
-                         TINY=float(torch.finfo(torch.float32).tiny))
+    target = GPUTarget('cuda', 90, 32)
+    backend = make_backend(target)
+    lowered = []
+    first = kernels.CONFIGS[0]
+    cases = [(32, 'fp32', first), (7, 'fp16', first)]
+    cases += [(64, 'bf16', config) for config in kernels.CONFIGS]
+    for d, dtype, config in cases:
+        constants = dict(BLOCK_N=config.kwargs['BLOCK_N'], BLOCK_D=_block_d(d),
+                         PRECISION='ieee', TINY=_TINY)
+        options = backend.parse_options(
+            dict(num_warps=config.num_warps, num_stages=config.num_stages,
+                 enable_fp_fusion=True))
         for name, pointers in pointer_args.items():
-            fn = getattr(kernels, name)
+            fn = getattr(kernels, name).fn  # the kernel under the autotuner
             signature = {}
             for arg in fn.arg_names:
                 if arg in constants:
@@ -134,15 +151,23 @@ def compile_for_sm90():
                     signature[arg] = '*' + (dtype if pointers[arg] == 'x' else 'fp32')
                 else:
                     signature[arg] = 'i32'
-            triton.compile(
-                ASTSource(fn, signature, constexprs=constants),
-                target=GPUTarget('cuda', 90, 32),
-                options=dict(num_warps=num_warps, enable_fp_fusion=True))
-            compiled.append(f'{name}[d={d},{dtype}]')
-    return compiled
+            src = ASTSource(fn, signature, constexprs=constants)
+            stages = {}
+            backend.add_stages(stages, options, src.language)
+            context = ir.context()
+            ir.load_dialects(context)
+            backend.load_dialects(context)
+            module = src.make_ir(target, options,
+                                 backend.get_codegen_implementation(options),
+                                 backend.get_module_map(), context)
+            metadata = {}
+            for stage in ('ttir', 'ttgir'):
+                module = stages[stage](module, metadata)
+            lowered.append(f'{name}[d={d},{dtype},{config}]')
+    return lowered
 
 
 if __name__ == '__main__':
     mode = sys.argv[1]
-    result = interpret() if mode == 'interpret' else compile_for_sm90()
+    result = interpret() if mode == 'interpret' else lower_for_sm90()
     print(json.dumps(result))

@@ -379,3 +379,21 @@ def test_tensor_eps_per_head():
                                                        power[:, i:i + 1],
                                                        eps=eps[b, i].item())
             torch.testing.assert_close(out[sl], expected, rtol=1e-12, atol=1e-12)
+
+
+def test_large_queries_that_meet_only_zero_key_channels():
+    """A query row whose non-zero channels are zero in every key: 0 / (0 + eps) = 0, also
+    when the shifts of the row and of the keys are large (eps must not underflow)."""
+    B, h, N, n, d = 1, 1, 4, 6, 4
+    q, k, v, _ = _inputs(B, h, N, n, d)
+    q, k = q * 1e4, k * 1e4
+    q[..., 0, 1:] = 0  # row 0 only in channel 0 ...
+    k[..., 0] = 0  # ... which no key has
+    power = torch.full((1, h, 1, d), 10.0, dtype=torch.float64)
+    ref = pola_linear_attention_reference(q, k, v, power)
+    weights = torch.randn(q.shape)
+    out, grads = _grads(pola_linear_attention, [t.float() for t in (q, k, v, power)],
+                        weights)
+    assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
+    assert (out[..., 0, :] == 0).all() and (ref[..., 0, :] == 0).all()
+    torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-4)
