@@ -16,7 +16,7 @@ the rest) the output of query i is
     \text{out}_i = \Big[\frac{\sum_t s_{it} v1_t}{\sum_t s_{it} + n\,\epsilon},\;
                         \frac{\sum_t o_{it} v2_t}{\sum_t o_{it} + n\,\epsilon}\Big]
 
-(B, h, N, d). Four implementations of this one formula:
+(B, h, N, d). Three implementations of this one formula:
 
 * :func:`pola_linear_attention`, the one to use. Both streams are products of
   :math:`Q = [q^+, q^-]` (N x 2d) with one (2d x (d + 2)) summary ``W`` of the keys
@@ -34,16 +34,19 @@ the rest) the output of query i is
 
 Magnitudes. ``relu(q) ** p`` with p up to 1 + alpha overflows float32 for ordinary
 magnitudes (|q| = 1e4, p = 5) and float16 far earlier. The output does not change when all
-polarity features of one query are multiplied by a positive constant, or all key features
-of one (batch, head), except through the relative weight of ``eps``. So
-:func:`pola_linear_attention` computes the features as
-:math:`\exp(p \log|x| - M)` where ``M`` is the largest :math:`p_j \log|x_j|` of the query
-row (for keys: of the whole (batch, head)), clamped below at 0: every feature lies in
-[0, 1], exact zeros stay exact zeros (they never raise ``M``), and ``eps`` is multiplied by
-:math:`e^{-(M_q + M_k)}` so that the quotient is the one above up to rounding. The scaled
-``eps`` can only shrink (it underflows only when the unscaled sums exceed ~1e38 times
-``eps``, where it weighs nothing anyway). The result is finite for every finite input and
-every finite ``alpha > 0``; the gradients are those of the formula (0 at exact zeros).
+polarity features of one query are multiplied by a positive constant c, or all key
+features of one (batch, head), except that ``eps`` then weighs as ``eps / c``. So
+:func:`pola_linear_attention` computes the features as :math:`\exp(p \log|x| - M)`, where
+``M`` is the largest :math:`p_j \log|x_j|` of the query row (for keys: of the whole
+(batch, head)), clamped below at 0, and multiplies ``eps`` by :math:`e^{-(M_q + M_k)}`:
+the quotient is the one above up to rounding, every feature lies in [0, 1], and exact
+zeros stay exact zeros (they never raise ``M``). The features of non-zero inputs and the
+scaled ``eps`` are kept at or above the smallest normal number (``torch.finfo(dtype).tiny``),
+which keeps the vectorised CPU ``exp`` off its slow path and 0 / (0 + eps) at 0; next to
+the row's largest feature (1 when M > 0) or to ``eps`` (when M = 0) the change is below the
+rounding of the output. The output is finite for every finite input and every finite
+``alpha > 0``, and so are the gradients at exact zeros (0 there, the slope of
+``relu(x) ** p`` at 0).
 
 ``eps`` may be a float or a tensor broadcastable to (B, h, 1, 1), applied per batch entry
 (and head). That serves callers whose keys include padding: zero keys have zero polarity
