@@ -79,7 +79,10 @@ setup(
         'ftfy',
         'regex',
     ],
-    extras_require={'tests': ['pytest']},
+    extras_require={
+        'tests': ['pytest'],
+        'triton': ['triton>=3.0'],  # the fused CUDA kernels of the attention op
+    },
     license='Apache-2.0',
     zip_safe=False,
 )

@@ -1,8 +1,8 @@
-from .pola_attention import (pola_linear_attention,
-                             pola_linear_attention_reference,
-                             polarity_features)
+from .pola_attention import (BACKENDS, pola_linear_attention, pola_linear_attention_naive,
+                             pola_linear_attention_reference, polarity_features,
+                             set_default_backend)
 
 __all__ = [
-    'pola_linear_attention', 'pola_linear_attention_reference',
-    'polarity_features'
+    'BACKENDS', 'pola_linear_attention', 'pola_linear_attention_naive',
+    'pola_linear_attention_reference', 'polarity_features', 'set_default_backend'
 ]

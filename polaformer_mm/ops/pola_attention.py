@@ -1,31 +1,106 @@
-"""Polarity-aware linear attention maths (DESIGN.md section 1, steps 6-11).
+r"""Polarity-aware linear attention (PolaFormer) as functions.
 
-Inputs are already divided by ``softplus(scale)`` (step 4) and split into heads:
-``q`` (B, h, N, d), ``k`` and ``v`` (B, h, n, d). ``power`` is the raw learned (1, h, 1, d)
-parameter; the exponent is ``p = 1 + alpha * sigmoid(power)``.
+Inputs are already divided by ``softplus(scale)`` and split into heads: ``q`` (B, h, N, d),
+``k`` and ``v`` (B, h, n, d). ``power`` is the raw learned (1, h, 1, d) parameter; the
+exponent of channel j is :math:`p_j = 1 + \alpha\,\sigma(\text{power}_j) > 1`.
 
-Two implementations:
+The maths. The polarity features of a vector x are :math:`x^+ = \text{relu}(x)^p` and
+:math:`x^- = \text{relu}(-x)^p` (element-wise, exponent per channel). For query i and key t
+the same-signed score is :math:`s_{it} = q_i^+ \cdot k_t^+ + q_i^- \cdot k_t^-` and the
+opposite-signed score :math:`o_{it} = q_i^- \cdot k_t^+ + q_i^+ \cdot k_t^-`. With the values
+split as ``torch.chunk(v, 2, -1)`` does (``v1``: the first ``ceil(d/2)`` channels, ``v2``:
+the rest) the output of query i is
 
-* :func:`pola_linear_attention` is the fast path. Both polarity streams are products of
-  ``[q+, q-]`` (N x 2d) with matrices built from the keys, so it forms one (2d x d) key-value
-  summary ``[k+, k-]^T v / n`` plus the two (2d,) key means, rearranges them into a single
-  (2d x (d + 2)) matrix and multiplies it with ``[q+, q-]`` once. Nothing of size N x n is formed.
-* :func:`pola_linear_attention_reference` builds the explicit N x n attention weights of both
-  streams (``q_sim K^T`` and ``q_opp K^T``, row-normalised), which is what the method means;
-  it costs O(N n) memory and is meant for tests only.
+.. math::
+
+    \text{out}_i = \Big[\frac{\sum_t s_{it} v1_t}{\sum_t s_{it} + n\,\epsilon},\;
+                        \frac{\sum_t o_{it} v2_t}{\sum_t o_{it} + n\,\epsilon}\Big]
+
+(B, h, N, d). Three implementations of this one formula:
+
+* :func:`pola_linear_attention`, the one to use. Both streams are products of
+  :math:`Q = [q^+, q^-]` (N x 2d) with one (2d x (d + 2)) summary ``W`` of the keys
+  (the key-value sums :math:`[k^+, k^-]^\top v / n` with their rows rearranged per stream,
+  and the two key means), so it costs O((N + n) d^2) and never forms an N x n matrix. It is
+  a :class:`torch.autograd.Function` that keeps only q, k, v, ``power``, ``W`` and one
+  number per (batch, head) for the backward pass, and recomputes the polarity features
+  there. On CUDA with Triton installed a fused kernel does the same
+  (:mod:`polaformer_mm.ops.pola_attention_triton`); ``backend`` chooses.
+* :func:`pola_linear_attention_naive`: the order of operations of the official code
+  (``relu(x) ** p`` and ``relu(-x) ** p`` separately, each stream its own ``K^T v`` and
+  normaliser, autograd through all of it). Benchmarks compare against it.
+* :func:`pola_linear_attention_reference`: the explicit N x n weights of both streams,
+  which is what the method means. O(N n) memory: tests only.
+
+Magnitudes. ``relu(q) ** p`` with p up to 1 + alpha overflows float32 for ordinary
+magnitudes (|q| = 1e4, p = 5) and float16 far earlier. The output does not change when all
+polarity features of one query are multiplied by a positive constant c, or all key
+features of one (batch, head), except that ``eps`` then weighs as ``eps / c``. So
+:func:`pola_linear_attention` computes the features as :math:`\exp(p \log|x| - M)`, where
+``M`` is the largest :math:`p_j \log|x_j|` of the query row (for keys: of the whole
+(batch, head)), clamped below at 0, and multiplies ``eps`` by :math:`e^{-(M_q + M_k)}`:
+the quotient is the one above up to rounding, every feature lies in [0, 1], and exact
+zeros stay exact zeros (they never raise ``M``). The features of non-zero inputs and the
+scaled ``eps`` are kept at or above the smallest normal number (``torch.finfo(dtype).tiny``),
+which keeps the vectorised CPU ``exp`` off its slow path and 0 / (0 + eps) at 0; next to
+the row's largest feature (1 when M > 0) or to ``eps`` (when M = 0) the change is below the
+rounding of the output. The output is finite for every finite input and every finite
+``alpha > 0``, and so are the gradients at exact zeros (0 there, the slope of
+``relu(x) ** p`` at 0).
+
+``eps`` may be a float or a tensor broadcastable to (B, h, 1, 1), applied per batch entry
+(and head). That serves callers whose keys include padding: zero keys have zero polarity
+features and add nothing to the sums, so a call with keys padded by zero rows (k and v set
+to exactly zero there) and ``eps * n_real / n`` per entry equals, up to rounding, the call
+on the ``n_real`` real keys alone.
 """
-from typing import Tuple
+import math
+import numbers
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
 __all__ = [
     'pola_linear_attention', 'pola_linear_attention_reference',
-    'polarity_features'
+    'pola_linear_attention_naive', 'polarity_features', 'set_default_backend',
+    'BACKENDS'
 ]
 
+#: Names accepted by ``backend=`` and :func:`set_default_backend`.
+BACKENDS = ('auto', 'torch', 'triton')
+_default_backend = 'auto'
 
-def _check_inputs(q: Tensor, k: Tensor, v: Tensor, power: Tensor) -> None:
+EpsType = Union[float, Tensor]
+
+
+def set_default_backend(backend: str) -> str:
+    """Set the backend :func:`pola_linear_attention` uses when ``backend`` is None.
+
+    Args:
+        backend (str): 'auto' (the Triton kernel for CUDA tensors when Triton can be
+            imported, the torch path otherwise), 'torch' or 'triton'.
+
+    Returns:
+        str: the previous default.
+    """
+    global _default_backend
+    if backend not in BACKENDS:
+        raise ValueError(f'backend must be one of {BACKENDS}, got {backend!r}')
+    previous, _default_backend = _default_backend, backend
+    return previous
+
+
+def _check_alpha(alpha) -> float:
+    if (isinstance(alpha, bool) or not isinstance(alpha, numbers.Real)
+            or not math.isfinite(alpha) or alpha <= 0):
+        raise ValueError('pola_linear_attention: alpha must be a finite number > 0 '
+                         f'(the exponent is 1 + alpha * sigmoid(power)); got {alpha!r}')
+    return float(alpha)
+
+
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha,
+                  eps: EpsType) -> float:
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
             'pola_linear_attention expects q (B,h,N,d), k (B,h,n,d) and v '
@@ -40,33 +115,282 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, power: Tensor) -> None:
                          f'{tuple(k.shape)}')
     if k.shape[2] == 0:
         raise ValueError('pola_linear_attention got zero keys (n == 0)')
-    if power.dim() != 4 or power.shape[1] != h or power.shape[3] != d:
+    if power.shape != (1, h, 1, d):
         raise ValueError(f'power shape {tuple(power.shape)} must be (1,{h},1,{d})')
+    if isinstance(eps, Tensor):
+        if eps.requires_grad:
+            raise ValueError('pola_linear_attention: a tensor eps is a constant and '
+                             'must not require grad')
+        try:
+            shape = torch.broadcast_shapes(eps.shape, (B, h, 1, 1))
+        except RuntimeError:
+            shape = None
+        if eps.dim() > 4 or shape != (B, h, 1, 1):
+            raise ValueError(f'eps shape {tuple(eps.shape)} must broadcast to '
+                             f'(B,h,1,1) = {(B, h, 1, 1)}')
+    elif (isinstance(eps, bool) or not isinstance(eps, numbers.Real)
+          or not math.isfinite(eps) or eps <= 0):
+        raise ValueError(f'pola_linear_attention: eps must be a finite number > 0 or '
+                         f'a tensor broadcastable to (B,h,1,1); got {eps!r}')
+    return _check_alpha(alpha)
+
+
+def _exponent(power: Tensor, alpha: float) -> Tensor:
+    return 1 + alpha * torch.sigmoid(power)
 
 
 def polarity_features(x: Tensor, exponent: Tensor) -> Tuple[Tensor, Tensor]:
     """Return ``(relu(x) ** p, relu(-x) ** p)`` for a broadcastable exponent p > 0.
 
-    Both come from one power of ``|x|`` (the power and its gradient are the costly
-    part): the positive part keeps it where x > 0, the negative part is the rest.
+    Both come from one power of ``|x|``: the positive part keeps it where x > 0, the
+    negative part is the rest. Unscaled (it overflows where the powers do): the
+    reference implementation uses it.
+
+    Args:
+        x (Tensor): any shape.
+        exponent (Tensor): broadcastable to ``x``.
+
+    Returns:
+        tuple[Tensor, Tensor]: the positive and the negative polarity features.
     """
     magnitude = x.abs()**exponent
     positive = torch.where(x > 0, magnitude, 0.)
     return positive, magnitude - positive
 
 
-def _polarity_maps(q: Tensor, k: Tensor, power: Tensor,
-                   alpha: float) -> Tuple[Tensor, Tensor, Tensor]:
-    """Steps 6-7: q+, q- (B,h,N,d) and the keys [k+, k-] (B,h,n,2d)."""
-    p = 1 + alpha * torch.sigmoid(power)
-    q_pos, q_neg = polarity_features(q, p)
-    return q_pos, q_neg, torch.cat(polarity_features(k, p), dim=-1)
-
-
-def _value_split(d: int) -> Tuple[int, int]:
+def _value_split(d: int) -> int:
     # torch.chunk(v, 2, dim=-1) semantics: the first part takes the larger half.
-    first = (d + 1) // 2
-    return first, d - first
+    return (d + 1) // 2
+
+
+# --------------------------------------------------------------------------------------
+# torch path
+# --------------------------------------------------------------------------------------
+
+
+def _scaled_features(x: Tensor,
+                     p: Tensor,
+                     per_row: bool,
+                     shift: Optional[Tensor] = None,
+                     keep: bool = False):
+    """The features ``[x+, x-] * exp(-M)`` as two planes (2, ...) and the shift ``M``.
+
+    ``M`` is max(0, max p log|x|) over the row (``per_row``) or over the last two dims,
+    unless given. A feature is ``exp(max(p log max(|x|, tiny) - M, log tiny))`` on the
+    channel's own polarity (sign of x) and 0 on the other: exact zeros give zero
+    features and never raise ``M`` above 0, and no ``log`` or ``exp`` sees 0, inf or a
+    result below the smallest normal number (the slow paths of the vectorised CPU
+    kernels). The planes are contiguous and serve as scratch space, so that the only
+    memory allocated is theirs. With ``keep`` also returns, for the backward pass,
+    ``p log max(|x|, tiny)`` and ``sign(x) / max(|x|, tiny)`` (0 at x == 0).
+    """
+    info = torch.finfo(x.dtype)
+    feats = x.new_empty((2, ) + x.shape)
+    pos, neg = feats[0], feats[1]
+    if keep:
+        magnitude = torch.abs(x).clamp_min_(info.tiny)
+        scaled = torch.log(magnitude).mul_(p)
+    else:
+        scaled = torch.abs(x, out=pos).clamp_min_(info.tiny).log_().mul_(p)
+    if shift is None:
+        dims = (-1, ) if per_row else (-2, -1)
+        shift = scaled.amax(dim=dims, keepdim=True).clamp_min_(0)
+    torch.sub(scaled, shift, out=pos).clamp_min_(math.log(info.tiny)).exp_()
+    torch.sign(x, out=neg)
+    pos.mul_(neg)  # +-feature, 0 at x == 0
+    if keep:
+        inv_x = magnitude.reciprocal_().mul_(neg)
+    torch.neg(pos, out=neg).clamp_min_(0)
+    pos.clamp_min_(0)
+    if keep:
+        return feats, shift, scaled, inv_x
+    return feats, shift
+
+
+def _assemble_summary(kv: Tensor, k_mean: Tensor) -> Tensor:
+    """W (..., 2d, d+2) from ``[k+, k-]^T v / n`` (..., 2d, d) and the key means (..., 2d).
+
+    Rows 0..d-1 multiply q+ and rows d..2d-1 multiply q-; columns: the numerators of the
+    same-signed stream (v1 channels), of the opposite stream (v2 channels), then the
+    denominators of both streams.
+    """
+    d = kv.shape[-1]
+    d1 = _value_split(d)
+    W = kv.new_empty(kv.shape[:-2] + (2 * d, d + 2))
+    # same-signed: q+ k+^T v1 + q- k-^T v1 -> rows as they are
+    W[..., :d1] = kv[..., :d1]
+    # opposite: q+ k-^T v2 + q- k+^T v2 -> rows of k+ and k- swapped
+    W[..., :d, d1:d] = kv[..., d:, d1:]
+    W[..., d:, d1:d] = kv[..., :d, d1:]
+    W[..., d] = k_mean
+    W[..., :d, d + 1] = k_mean[..., d:]
+    W[..., d:, d + 1] = k_mean[..., :d]
+    return W
+
+
+def _summary_grads(gW: Tensor, d: int) -> Tuple[Tensor, Tensor]:
+    """Gradients of [k+, k-]^T v / n (2d, d) and of the key means (2d,) from that of W."""
+    d1 = _value_split(d)
+    g_kv = gW.new_empty(gW.shape[:-1] + (d, ))
+    g_kv[..., :d1] = gW[..., :d1]
+    g_kv[..., d:, d1:] = gW[..., :d, d1:d]
+    g_kv[..., :d, d1:] = gW[..., d:, d1:d]
+    g_mean = gW[..., d].clone()
+    g_mean[..., :d] += gW[..., d:, d + 1]
+    g_mean[..., d:] += gW[..., :d, d + 1]
+    return g_kv, g_mean
+
+
+def _scaled_eps(eps: EpsType, shift_q: Tensor, shift_k: Tensor) -> Tensor:
+    """``eps * exp(-(M_q + M_k))`` (B,h,N,1): the eps of the scaled features, at least
+    the smallest normal number (so that 1 / eps is finite)."""
+    tiny = torch.finfo(shift_q.dtype).tiny
+    scale = torch.add(shift_q, shift_k).neg_().clamp_min_(math.log(tiny)).exp_()
+    return scale.mul_(eps).clamp_min_(tiny)
+
+
+def _bmm(x: Tensor) -> Tensor:
+    """(..., r, c) -> (prod(...), r, c) for the batched matrix products."""
+    return x.reshape((-1, ) + x.shape[-2:])
+
+
+def _times_planes(x: Tensor, W: Tensor) -> Tensor:
+    """``[x+, x-] @ W`` for features as planes (2, ..., m, d) and W (..., 2d, c)."""
+    d = x.shape[-1]
+    out = torch.matmul(x[0], W[..., :d, :])
+    _bmm(out).baddbmm_(_bmm(x[1]), _bmm(W[..., d:, :]))
+    return out
+
+
+def _planes_t_times(x: Tensor, y: Tensor) -> Tensor:
+    """``[x+, x-]^T @ y`` (..., 2d, c) for features as planes and y (..., m, c)."""
+    return torch.cat([torch.matmul(x[0].transpose(-2, -1), y),
+                      torch.matmul(x[1].transpose(-2, -1), y)], dim=-2)
+
+
+def _feature_grads(prod: Tensor, scaled: Tensor, inv_x: Tensor,
+                   p: Tensor) -> Tuple[Tensor, Tensor]:
+    """Gradients of x (..., d) and of the exponent p (1,h,1,d), in place.
+
+    ``prod`` (2, ...) is the gradient of the feature planes times the features. With
+    f = |x|^p e^{-M} on the channel's own polarity (M held constant: the output does
+    not depend on it), df/dx = p f sign(x) / |x| and df/dp = f log|x|; both are 0 at
+    x == 0, where f is 0. ``inv_x`` becomes the gradient of x.
+    """
+    r = prod[0].add_(prod[1])  # g f on the channel's own polarity
+    g_x = inv_x.mul_(r).mul_(p)
+    g_p = r.mul_(scaled).sum(dim=(0, 2), keepdim=True).div_(p)  # sum r log|x|
+    return g_x, g_p
+
+
+class _PolaAttentionFunction(torch.autograd.Function):
+    """The torch path: O((N + n) d^2), features recomputed in the backward pass."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: float,
+                eps: EpsType) -> Tensor:
+        d, n = q.shape[-1], k.shape[-2]
+        d1 = _value_split(d)
+        p = _exponent(power, alpha)
+        kf, shift_k = _scaled_features(k, p, per_row=False)
+        kv = _planes_t_times(kf, v).div_(n)  # [k+, k-]^T v / n
+        k_mean = kf.mean(dim=-2).permute(1, 2, 0, 3).reshape(kv.shape[:-1])
+        W = _assemble_summary(kv, k_mean)
+        del kf, kv, k_mean
+        qf, shift_q = _scaled_features(q, p, per_row=True)
+        out_full = _times_planes(qf, W)
+        del qf
+        inv_den = out_full[..., d:].add_(_scaled_eps(eps, shift_q, shift_k)).reciprocal_()
+        out = torch.empty_like(q)
+        torch.mul(out_full[..., :d1], inv_den[..., :1], out=out[..., :d1])
+        torch.mul(out_full[..., d1:d], inv_den[..., 1:], out=out[..., d1:])
+        ctx.alpha = alpha
+        ctx.eps_is_tensor = isinstance(eps, Tensor)
+        if ctx.eps_is_tensor:
+            ctx.save_for_backward(q, k, v, power, W, shift_k, eps)
+        else:
+            ctx.eps = eps
+            ctx.save_for_backward(q, k, v, power, W, shift_k)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: Tensor):
+        with torch.autocast(grad_out.device.type, enabled=False):
+            return _PolaAttentionFunction._backward(ctx, grad_out)
+
+    @staticmethod
+    def _backward(ctx, grad_out: Tensor):
+        if ctx.eps_is_tensor:
+            q, k, v, power, W, shift_k, eps = ctx.saved_tensors
+        else:
+            (q, k, v, power, W, shift_k), eps = ctx.saved_tensors, ctx.eps
+        alpha = ctx.alpha
+        d, n = q.shape[-1], k.shape[-2]
+        d1 = _value_split(d)
+        p = _exponent(power, alpha)
+        grad_out = grad_out.to(q.dtype)
+
+        # Queries: recompute num and the denominators. out_c = num_c z (z = 1 / the
+        # denominator of c's stream): dL/dnum_c = g_c z, dL/dden = -z sum_c (g_c z) num_c.
+        qf, shift_q, scaled, inv_x = _scaled_features(q, p, per_row=True, keep=True)
+        out_full = _times_planes(qf, W)
+        inv_den = out_full[..., d:].add_(_scaled_eps(eps, shift_q, shift_k)).reciprocal_()
+        g_full = out_full.new_empty(out_full.shape)  # [g z, dL/dden_sim, dL/dden_opp]
+        torch.mul(grad_out[..., :d1], inv_den[..., :1], out=g_full[..., :d1])
+        torch.mul(grad_out[..., d1:], inv_den[..., 1:], out=g_full[..., d1:d])
+        g_num = out_full[..., :d].mul_(g_full[..., :d])
+        torch.sum(g_num[..., :d1], dim=-1, keepdim=True, out=g_full[..., d:d + 1])
+        torch.sum(g_num[..., d1:], dim=-1, keepdim=True, out=g_full[..., d + 1:])
+        g_full[..., d:].mul_(inv_den).neg_()
+        del g_num, inv_den
+        gW = _planes_t_times(qf, g_full)
+        g_feat = torch.empty_like(qf[0])  # the gradient of one feature plane at a time
+        for i in range(2):
+            torch.bmm(_bmm(g_full), _bmm(W[..., i * d:(i + 1) * d, :]).transpose(-2, -1),
+                      out=_bmm(g_feat))
+            qf[i].mul_(g_feat)
+        del out_full, g_full, g_feat
+        g_q, g_p = _feature_grads(qf, scaled, inv_x, p)
+        del qf, scaled, inv_x
+
+        # Keys: W holds [k+, k-]^T v / n and the key means.
+        g_kv, g_mean = _summary_grads(gW, d)
+        g_kv.div_(n)
+        g_mean.div_(n)
+        kf, _, scaled, inv_x = _scaled_features(k, p, False, shift=shift_k, keep=True)
+        g_v = _times_planes(kf, g_kv)
+        g_feat = torch.empty_like(kf[0])
+        v_b = _bmm(v)
+        for i in range(2):
+            rows = slice(i * d, (i + 1) * d)
+            torch.baddbmm(_bmm(g_mean[..., None, rows]), v_b,
+                          _bmm(g_kv[..., rows, :]).transpose(-2, -1), out=_bmm(g_feat))
+            kf[i].mul_(g_feat)
+        del g_feat, v_b
+        g_k, g_pk = _feature_grads(kf, scaled, inv_x, p)
+        s = torch.sigmoid(power)
+        g_power = g_p.add_(g_pk).mul_(s * (1 - s) * alpha)
+        return g_q, g_k, g_v, g_power, None, None
+
+
+def _torch_path(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: float,
+                eps: EpsType) -> Tensor:
+    if isinstance(eps, Tensor):
+        eps = eps.to(q.dtype)
+    return _PolaAttentionFunction.apply(q, k, v, power, alpha, eps)
+
+
+def _resolve_backend(backend: Optional[str], q: Tensor, k: Tensor, v: Tensor) -> str:
+    backend = _default_backend if backend is None else backend
+    if backend not in BACKENDS:
+        raise ValueError(f'backend must be one of {BACKENDS} or None, got {backend!r}')
+    if backend == 'auto':
+        if q.device.type != 'cuda':
+            return 'torch'
+        from . import pola_attention_triton
+        return 'triton' if pola_attention_triton.supports(q, k, v) else 'torch'
+    return backend
 
 
 def pola_linear_attention(q: Tensor,
@@ -74,48 +398,94 @@ def pola_linear_attention(q: Tensor,
                           v: Tensor,
                           power: Tensor,
                           alpha: float = 4.0,
-                          eps: float = 1e-6) -> Tensor:
+                          eps: EpsType = 1e-6,
+                          backend: Optional[str] = None) -> Tensor:
     """Polarity-aware linear attention without any N x n matrix.
 
-    Returns (B, h, N, d): the same-signed stream in the first ``ceil(d/2)`` channels
-    of every head and the opposite-signed stream in the rest.
-
     Half-precision inputs (and calls under autocast) are computed in float32 and the
-    result cast back: ``relu(q) ** p`` with p up to 1 + alpha overflows float16.
+    result cast back to the input dtype.
+
+    Args:
+        q (Tensor): queries (B, h, N, d), already divided by the learned scale.
+        k (Tensor): keys (B, h, n, d), n >= 1.
+        v (Tensor): values (B, h, n, d).
+        power (Tensor): the raw exponent parameter (1, h, 1, d).
+        alpha (float): the exponent is ``1 + alpha * sigmoid(power)``; finite, > 0.
+            Default: 4.0.
+        eps (float | Tensor): added to each normaliser (``sum of scores + n * eps``);
+            a positive float, or a tensor broadcastable to (B, h, 1, 1) for one value
+            per batch entry (see the module docstring on padded keys). Not
+            differentiated. Default: 1e-6.
+        backend (str, optional): 'torch', 'triton' (CUDA tensors, Triton installed,
+            head width <= 128) or 'auto' (Triton where it applies, else torch); None
+            takes the default of :func:`set_default_backend` ('auto').
+
+    Returns:
+        Tensor: (B, h, N, d), the same-signed stream in the first ``ceil(d/2)`` channels
+        of every head and the opposite-signed stream in the rest.
     """
-    _check_inputs(q, k, v, power)
+    alpha = _check_inputs(q, k, v, power, alpha, eps)
+    backend = _resolve_backend(backend, q, k, v)
+    if backend == 'triton':
+        from . import pola_attention_triton
+        return pola_attention_triton.pola_linear_attention_triton(q, k, v, power, alpha, eps)
     low_precision = (torch.float16, torch.bfloat16)
     if q.dtype in low_precision or torch.is_autocast_enabled(q.device.type):
         with torch.autocast(q.device.type, enabled=False):
-            out = _pola_linear_attention(q.float(), k.float(), v.float(),
-                                         power.float(), alpha, eps)
+            out = _torch_path(q.float(), k.float(), v.float(), power.float(), alpha, eps)
         return out.to(q.dtype)
-    return _pola_linear_attention(q, k, v, power, alpha, eps)
+    return _torch_path(q, k, v, power, alpha, eps)
 
 
-def _pola_linear_attention(q: Tensor, k: Tensor, v: Tensor, power: Tensor,
-                           alpha: float, eps: float) -> Tensor:
-    d, n, d1 = q.shape[-1], k.shape[-2], _value_split(q.shape[-1])[0]
-    q_pos, q_neg, k_cat = _polarity_maps(q, k, power, alpha)
-    q_cat = torch.cat([q_pos, q_neg], dim=-1)  # (B,h,N,2d)
+# --------------------------------------------------------------------------------------
+# the official order of operations, and the explicit weights
+# --------------------------------------------------------------------------------------
 
-    # One key-value summary for both streams: [k+, k-]^T v / n, (2d x d).
-    kv = torch.matmul(k_cat.transpose(-2, -1), v) / n
-    kv_top, kv_bottom = kv[..., :d, :], kv[..., d:, :]  # rows from k+ / k-
-    # Same-signed stream: q+ k+^T v1 + q- k-^T v1  -> rows [top; bottom], cols v1.
-    # Opposite stream:    q- k+^T v2 + q+ k-^T v2  -> rows [bottom; top], cols v2.
-    numerator = torch.cat([
-        torch.cat([kv_top[..., :d1], kv_bottom[..., d1:]], dim=-1),
-        torch.cat([kv_bottom[..., :d1], kv_top[..., d1:]], dim=-1),
-    ], dim=-2)  # (2d, d)
-    k_mean = k_cat.mean(dim=-2, keepdim=True).transpose(-2, -1)  # (2d, 1)
-    k_mean_swapped = torch.cat([k_mean[..., d:, :], k_mean[..., :d, :]], dim=-2)
-    summary = torch.cat([numerator, k_mean, k_mean_swapped], dim=-1)  # (2d, d+2)
 
-    out = torch.matmul(q_cat, summary)  # (B,h,N,d+2)
-    z_sim = 1 / (out[..., d:d + 1] + eps)
-    z_opp = 1 / (out[..., d + 1:d + 2] + eps)
-    return torch.cat([out[..., :d1] * z_sim, out[..., d1:d] * z_opp], dim=-1)
+def pola_linear_attention_naive(q: Tensor,
+                                k: Tensor,
+                                v: Tensor,
+                                power: Tensor,
+                                alpha: float = 4.0,
+                                eps: EpsType = 1e-6) -> Tensor:
+    """The official formulation: the order of operations of the official PolaFormer code.
+
+    ``relu(x) ** p`` and ``relu(-x) ** p`` for queries and keys, the concatenated
+    ``q_sim = [q+, q-]``, ``q_opp = [q-, q+]`` and ``k = [k+, k-]``, and per stream its own
+    normaliser ``1 / (q_* . mean(k) + eps)`` and key-value product
+    ``(k^T / sqrt(n)) (v_* / sqrt(n))``, autograd through everything, in the input dtype.
+    It overflows where the powers do. Benchmarks compare against it.
+
+    Args:
+        q (Tensor): queries (B, h, N, d).
+        k (Tensor): keys (B, h, n, d).
+        v (Tensor): values (B, h, n, d).
+        power (Tensor): the raw exponent parameter (1, h, 1, d).
+        alpha (float): the exponent is ``1 + alpha * sigmoid(power)``. Default: 4.0.
+        eps (float | Tensor): as for :func:`pola_linear_attention`. Default: 1e-6.
+
+    Returns:
+        Tensor: (B, h, N, d), laid out as :func:`pola_linear_attention`'s.
+    """
+    alpha = _check_inputs(q, k, v, power, alpha, eps)
+    p = 1 + alpha * torch.sigmoid(power)
+    q_pos = torch.relu(q)**p
+    q_neg = torch.relu(-q)**p
+    k_pos = torch.relu(k)**p
+    k_neg = torch.relu(-k)**p
+    q_sim = torch.cat([q_pos, q_neg], dim=-1)
+    q_opp = torch.cat([q_neg, q_pos], dim=-1)
+    keys = torch.cat([k_pos, k_neg], dim=-1)
+    n, d1 = keys.shape[-2], _value_split(v.shape[-1])
+    v1, v2 = v[..., :d1], v[..., d1:]  # torch.chunk(v, 2, -1), also for d == 1
+    k_mean = keys.mean(dim=-2, keepdim=True).transpose(-2, -1)
+    key_t = keys.transpose(-2, -1) * n**-0.5
+    outs = []
+    for queries, values in ((q_sim, v1), (q_opp, v2)):
+        z = 1 / (queries @ k_mean + eps)
+        kv = key_t @ (values * n**-0.5)
+        outs.append(queries @ kv * z)
+    return torch.cat(outs, dim=-1)
 
 
 def pola_linear_attention_reference(q: Tensor,
@@ -123,11 +493,25 @@ def pola_linear_attention_reference(q: Tensor,
                                     v: Tensor,
                                     power: Tensor,
                                     alpha: float = 4.0,
-                                    eps: float = 1e-6) -> Tensor:
-    """Explicit-weights version: forms both N x n attention maps. Tests only."""
-    _check_inputs(q, k, v, power)
-    n, d1 = k.shape[-2], _value_split(q.shape[-1])[0]
-    q_pos, q_neg, keys = _polarity_maps(q, k, power, alpha)
+                                    eps: EpsType = 1e-6) -> Tensor:
+    """Explicit-weights version: forms both N x n attention maps. Tests only.
+
+    Args:
+        q (Tensor): queries (B, h, N, d).
+        k (Tensor): keys (B, h, n, d).
+        v (Tensor): values (B, h, n, d).
+        power (Tensor): the raw exponent parameter (1, h, 1, d).
+        alpha (float): the exponent is ``1 + alpha * sigmoid(power)``. Default: 4.0.
+        eps (float | Tensor): as for :func:`pola_linear_attention`. Default: 1e-6.
+
+    Returns:
+        Tensor: (B, h, N, d), laid out as :func:`pola_linear_attention`'s.
+    """
+    alpha = _check_inputs(q, k, v, power, alpha, eps)
+    n, d1 = k.shape[-2], _value_split(q.shape[-1])
+    p = _exponent(power, alpha)
+    q_pos, q_neg = polarity_features(q, p)
+    keys = torch.cat(polarity_features(k, p), dim=-1)
     v1, v2 = v[..., :d1], v[..., d1:]
 
     outs = []

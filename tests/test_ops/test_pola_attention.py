@@ -3,9 +3,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from polaformer_mm.ops import (pola_linear_attention,
-                               pola_linear_attention_reference,
-                               polarity_features)
+from polaformer_mm.ops import (pola_linear_attention, pola_linear_attention_naive,
+                               pola_linear_attention_reference, polarity_features,
+                               set_default_backend)
+
+IMPLS = [pola_linear_attention, pola_linear_attention_naive]
 
 
 def _inputs(B=2, h=3, N=37, n=23, d=8, dtype=torch.float64, seed=0):
@@ -17,35 +19,60 @@ def _inputs(B=2, h=3, N=37, n=23, d=8, dtype=torch.float64, seed=0):
     return q, k, v, power
 
 
+def _grads(fn, inputs, weights, **kwargs):
+    inputs = [t.detach().clone().requires_grad_() for t in inputs]
+    out = fn(*inputs, **kwargs)
+    return out, torch.autograd.grad((out * weights).sum(), inputs)
+
+
 @pytest.mark.parametrize('shape', [
     dict(N=37, n=23, d=8),
     dict(N=16, n=16, d=16),
     dict(N=50, n=1, d=4),
     dict(N=9, n=12, d=7),  # odd head width: v splits as torch.chunk does (4 + 3)
+    dict(N=6, n=5, d=1),  # one channel: all of v goes to the same-signed stream
 ])
 @pytest.mark.parametrize('alpha', [4.0, 2.0])
-def test_fast_path_matches_explicit_weights(shape, alpha):
+@pytest.mark.parametrize('fn', IMPLS)
+def test_matches_explicit_weights(fn, shape, alpha):
     q, k, v, power = _inputs(**shape)
-    fast = pola_linear_attention(q, k, v, power, alpha=alpha)
+    out = fn(q, k, v, power, alpha=alpha)
     ref = pola_linear_attention_reference(q, k, v, power, alpha=alpha)
-    assert fast.shape == q.shape
-    torch.testing.assert_close(fast, ref, rtol=1e-10, atol=1e-10)
+    assert out.shape == q.shape
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
 
 
-def test_gradients_match_explicit_weights():
-    q, k, v, power = (t.requires_grad_() for t in _inputs(N=21, n=13, d=6))
-    weights = torch.randn(q.shape, dtype=q.dtype)
-    grads = []
-    for fn in (pola_linear_attention, pola_linear_attention_reference):
-        out = (fn(q, k, v, power) * weights).sum()
-        grads.append(torch.autograd.grad(out, (q, k, v, power)))
-    for g_fast, g_ref in zip(*grads):
-        torch.testing.assert_close(g_fast, g_ref, rtol=1e-9, atol=1e-9)
+@pytest.mark.parametrize('fn', IMPLS)
+@pytest.mark.parametrize('d', [6, 5])
+def test_gradients_match_explicit_weights(fn, d):
+    inputs = _inputs(N=21, n=13, d=d)
+    weights = torch.randn(inputs[0].shape, dtype=torch.float64)
+    _, grads = _grads(fn, inputs, weights)
+    _, expected = _grads(pola_linear_attention_reference, inputs, weights)
+    for name, g, g_ref in zip('q k v power'.split(), grads, expected):
+        torch.testing.assert_close(g, g_ref, rtol=1e-9, atol=1e-9, msg=name)
 
 
-def test_fast_path_gradcheck():
-    q, k, v, power = (t.requires_grad_() for t in _inputs(B=1, h=2, N=6, n=5, d=4))
+@pytest.mark.parametrize('d', [4, 5])
+def test_gradcheck(d):
+    q, k, v, power = (t.requires_grad_() for t in _inputs(B=2, h=2, N=6, n=5, d=d))
     assert torch.autograd.gradcheck(pola_linear_attention, (q, k, v, power))
+    eps = torch.tensor([1e-3, 0.5], dtype=torch.float64).reshape(2, 1, 1, 1)
+    assert torch.autograd.gradcheck(
+        lambda *t: pola_linear_attention(*t, alpha=2.5, eps=eps), (q, k, v, power))
+
+
+def test_float32_gradients_close_to_float64_reference():
+    inputs = _inputs(N=64, n=48, d=16)
+    weights = torch.randn(inputs[0].shape, dtype=torch.float64)
+    out, grads = _grads(pola_linear_attention, [t.float() for t in inputs],
+                        weights.float())
+    ref, expected = _grads(pola_linear_attention_reference, inputs, weights)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5)
+    for name, g, g_ref in zip('q k v power'.split(), grads, expected):
+        scale = g_ref.abs().max().item()
+        torch.testing.assert_close(g.double(), g_ref, rtol=1e-4, atol=1e-5 * scale,
+                                   msg=name)
 
 
 def test_streams_are_what_the_method_says():
@@ -73,16 +100,46 @@ class _LargestTensor(TorchDispatchMode):
         return out
 
 
-def test_fast_path_never_forms_an_n_by_n_matrix():
+def test_never_forms_an_n_by_n_matrix_forward_or_backward():
     N = n = 512
     q, k, v, power = (t.requires_grad_() for t in _inputs(B=1, h=1, N=N, n=n, d=4))
     sizes = {}
     for fn in (pola_linear_attention, pola_linear_attention_reference):
-        with _LargestTensor() as mode:
-            fn(q, k, v, power).sum().backward()
-        sizes[fn.__name__] = mode.largest
-    assert sizes['pola_linear_attention_reference'] >= N * n  # the check can fail
-    assert sizes['pola_linear_attention'] < N * n // 16, sizes
+        with _LargestTensor() as forward:
+            out = fn(q, k, v, power)
+        with _LargestTensor() as backward:
+            out.sum().backward()
+        sizes[fn.__name__] = (forward.largest, backward.largest)
+    assert min(sizes['pola_linear_attention_reference']) >= N * n  # the check can fail
+    assert max(sizes['pola_linear_attention']) < N * n // 16, sizes
+
+
+class _SavedBytes:
+    """Bytes of the tensors autograd saves for the backward pass (views of the inputs
+    and of the output are free: they are alive anyway)."""
+
+    def __init__(self, free):
+        self.free = {t.untyped_storage().data_ptr() for t in free}
+        self.nbytes = 0
+
+    def pack(self, t):
+        if t.untyped_storage().data_ptr() not in self.free:
+            self.nbytes += t.untyped_storage().nbytes()
+        return t
+
+
+def test_backward_keeps_only_inputs_and_the_small_summary():
+    B, h, N, n, d = 2, 3, 300, 200, 8
+    q, k, v, power = (t.requires_grad_() for t in _inputs(B, h, N, n, d))
+    saved = {}
+    for fn in (pola_linear_attention, pola_linear_attention_naive):
+        hooks = _SavedBytes([q, k, v, power])
+        with torch.autograd.graph.saved_tensors_hooks(hooks.pack, lambda t: t):
+            fn(q, k, v, power)
+        saved[fn.__name__] = hooks.nbytes
+    # W (2d x (d+2)) and one shift per (batch, head): O(B h d^2)
+    assert saved['pola_linear_attention'] <= B * h * (2 * d * (d + 2) + 1) * 8, saved
+    assert saved['pola_linear_attention_naive'] > B * h * N * d * 8  # the check can fail
 
 
 def test_bad_shapes_are_named():
@@ -91,8 +148,64 @@ def test_bad_shapes_are_named():
         pola_linear_attention(q, k, v[:, :, :-1], power)
     with pytest.raises(ValueError, match=r'power shape'):
         pola_linear_attention(q, k, v, power[:, :1])
+    with pytest.raises(ValueError, match=r'power shape'):
+        pola_linear_attention(q, k, v, power.expand(2, -1, -1, -1))
     with pytest.raises(ValueError, match=r'q \(B,h,N,d\)'):
         pola_linear_attention(q[0], k, v, power)
+
+
+@pytest.mark.parametrize('alpha', [float('nan'), float('inf'), 0.0, -0.5, True, '4'])
+@pytest.mark.parametrize(
+    'fn', IMPLS + [pola_linear_attention_reference])
+def test_alpha_must_be_finite_and_positive(fn, alpha):
+    q, k, v, power = _inputs(N=4, n=3, d=4)
+    with pytest.raises(ValueError, match='alpha must be a finite number > 0'):
+        fn(q, k, v, power, alpha=alpha)
+
+
+def test_bad_eps_is_named():
+    q, k, v, power = _inputs(B=2, h=3, N=4, n=3, d=4)
+    for eps in (0.0, -1e-6, float('nan')):
+        with pytest.raises(ValueError, match='eps must be a finite number > 0'):
+            pola_linear_attention(q, k, v, power, eps=eps)
+    with pytest.raises(ValueError, match=r'eps shape \(3, 1, 1, 1\) must broadcast'):
+        pola_linear_attention(q, k, v, power, eps=torch.full((3, 1, 1, 1), 1e-6))
+    with pytest.raises(ValueError, match=r'eps shape \(2, 3, 4, 1\) must broadcast'):
+        pola_linear_attention(q, k, v, power, eps=torch.full((2, 3, 4, 1), 1e-6))
+    with pytest.raises(ValueError, match='must not require grad'):
+        pola_linear_attention(q, k, v, power, eps=torch.ones(2, 1, 1, 1).requires_grad_())
+
+
+def test_backend_choice():
+    q, k, v, power = _inputs(N=4, n=3, d=4)
+    with pytest.raises(ValueError, match='backend must be one of'):
+        pola_linear_attention(q, k, v, power, backend='cuda')
+    with pytest.raises(ValueError, match='backend must be one of'):
+        set_default_backend('fast')
+    # 'auto' on the CPU is the torch path; a forced 'triton' is refused on the CPU
+    previous = set_default_backend('torch')
+    try:
+        assert previous == 'auto'
+        torch.testing.assert_close(
+            pola_linear_attention(q, k, v, power),
+            pola_linear_attention(q, k, v, power, backend='auto'))
+    finally:
+        set_default_backend(previous)
+    with pytest.raises((ValueError, RuntimeError), match='Triton|CUDA'):
+        pola_linear_attention(q.float(), k.float(), v.float(), power.float(),
+                              backend='triton')
+
+
+def test_output_keeps_the_layout_of_q():
+    """Queries split from (B, N, h*d) tokens give an output in the same layout, so that
+    merging the heads back is a view."""
+    B, N, h, d = 2, 10, 3, 4
+    tokens = torch.randn(B, N, h * d)
+    q = tokens.reshape(B, N, h, d).transpose(1, 2)
+    _, k, v, power = _inputs(B, h, N, 7, d, dtype=torch.float32)
+    out = pola_linear_attention(q, k, v, power)
+    assert out.stride() == q.stride()
+    torch.testing.assert_close(out, pola_linear_attention(q.contiguous(), k, v, power))
 
 
 @pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
@@ -124,3 +237,163 @@ def test_polarity_features_are_relu_powers():
     expected, = torch.autograd.grad(
         (torch.relu(x)**p * 3 + torch.relu(-x)**p).sum(), x)
     torch.testing.assert_close(grad, expected)
+
+
+# --- magnitudes: the features are normalised before the power --------------------------
+
+
+def _scale_features(x, c, power, alpha):
+    """x scaled so that its polarity features are multiplied by c (broadcastable)."""
+    p = 1 + alpha * torch.sigmoid(power)
+    return x * c**(1 / p)
+
+
+def test_feature_scaling_only_reweights_eps():
+    """The identity behind the normalisation, on the float64 reference: multiplying the
+    features of one query by c, or all key features of one (batch, head) by c, gives
+    the output of the original features with eps / c."""
+    alpha = 4.0
+    B, h, N, n, d = 2, 3, 5, 7, 6
+    q, k, v, power = _inputs(B, h, N, n, d)
+    eps = 0.3  # large, so that ignoring it would fail the test
+    c_row = torch.rand(B, h, N, 1, dtype=torch.float64) * 1e3 + 1e-3
+    scaled_q = _scale_features(q, c_row, power, alpha)
+    out = pola_linear_attention_reference(scaled_q, k, v, power, alpha, eps)
+    for i in range(N):
+        row = slice(i, i + 1)
+        expected = pola_linear_attention_reference(
+            q[:, :, row], k, v, power, alpha, eps=eps / c_row[:, :, row])
+        torch.testing.assert_close(out[:, :, row], expected, rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(out, pola_linear_attention_reference(q, k, v, power, alpha,
+                                                                   eps))
+
+    c_head = torch.rand(B, h, 1, 1, dtype=torch.float64) * 1e3 + 1e-3
+    scaled_k = _scale_features(k, c_head, power, alpha)
+    torch.testing.assert_close(
+        pola_linear_attention_reference(q, scaled_k, v, power, alpha, eps),
+        pola_linear_attention_reference(q, k, v, power, alpha, eps=eps / c_head),
+        rtol=1e-12, atol=1e-12)
+
+
+def test_large_magnitudes_stay_finite_and_accurate():
+    """|x| ~ 1e4 with an exponent near 5: the unnormalised float32 maths overflows."""
+    B, h, N, n, d = 2, 2, 40, 30, 16
+    q, k, v, _ = _inputs(B, h, N, n, d)
+    q, k = q * 1e4, k * 1e4
+    power = torch.full((1, h, 1, d), 10.0, dtype=torch.float64)  # p = 1 + 4 sigmoid(10)
+    ref = pola_linear_attention_reference(q, k, v, power)
+    assert torch.isfinite(ref).all()
+    args32 = [t.float() for t in (q, k, v, power)]
+    naive = pola_linear_attention_naive(*args32)
+    assert not torch.isfinite(naive).all()  # the case is a real one
+    weights = torch.randn(q.shape, dtype=torch.float32)
+    out, grads = _grads(pola_linear_attention, args32, weights)
+    assert torch.isfinite(out).all()
+    assert all(torch.isfinite(g).all() for g in grads)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-4)
+    _, expected = _grads(pola_linear_attention_reference, (q, k, v, power), weights.double())
+    for name, g, g_ref in zip('q k v power'.split(), grads, expected):
+        scale = g_ref.abs().max().item()
+        torch.testing.assert_close(g.double(), g_ref, rtol=1e-3, atol=1e-4 * scale,
+                                   msg=name)
+
+
+@pytest.mark.parametrize('magnitude', [3.0, 1e-3])
+def test_large_alpha_stays_finite(magnitude):
+    """alpha = 50: exponents up to 51 (3 ** 51 ~ 2e24, whose products overflow)."""
+    q, k, v, power = _inputs(N=30, n=20, d=8)
+    q = q.sign() * magnitude * (1 + 0.1 * q.abs())
+    k = k.sign() * magnitude * (1 + 0.1 * k.abs())
+    ref = pola_linear_attention_reference(q, k, v, power, alpha=50.0)
+    args32 = [t.float() for t in (q, k, v, power)]
+    weights = torch.randn(q.shape)
+    out, grads = _grads(pola_linear_attention, args32, weights, alpha=50.0)
+    assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize('alpha', [4.0, 0.5, 1e-3])
+def test_exact_zeros_have_finite_gradients(alpha):
+    q, k, v, power = _inputs(N=12, n=10, d=6)
+    q[..., ::3] = 0  # some zero channels
+    q[:, :, 0] = 0  # a zero query
+    k[:, :, 1::2, 1] = 0
+    k[1, 0] = 0  # a (batch, head) without a non-zero key
+    weights = torch.randn(q.shape, dtype=torch.float64)
+    for dtype in (torch.float64, torch.float32):
+        inputs = [t.to(dtype) for t in (q, k, v, power)]
+        out, grads = _grads(pola_linear_attention, inputs, weights.to(dtype), alpha=alpha)
+        assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
+    out, grads = _grads(pola_linear_attention, (q, k, v, power), weights, alpha=alpha)
+    ref, expected = _grads(pola_linear_attention_reference, (q, k, v, power), weights,
+                           alpha=alpha)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    for name, g, g_ref in zip('q k v power'.split(), grads, expected):
+        torch.testing.assert_close(g, g_ref, rtol=1e-8, atol=1e-10, msg=name)
+    assert (grads[0][q == 0] == 0).all()  # relu(x) ** p has slope 0 at 0 (p > 1)
+
+
+# --- tensor eps: zero-padded keys -------------------------------------------------------
+
+
+@pytest.mark.parametrize('magnitude', [1.0, 1e3])
+def test_zero_padded_keys_with_per_entry_eps_equal_the_real_keys(magnitude):
+    """Keys padded with zero rows (k = v = 0 there) and eps * n_real / n per batch entry
+    give the output of the real keys alone."""
+    B, h, N, n, d, eps = 3, 2, 9, 12, 6, 1e-2  # a large eps, so that its scaling counts
+    q, k, v, power = _inputs(B, h, N, n, d)
+    q, k = q * magnitude, k * magnitude
+    n_real = [5, 12, 8]
+    mask = torch.zeros(B, 1, n, 1, dtype=torch.bool)
+    for b, m in enumerate(n_real):
+        mask[b, :, torch.randperm(n)[:m]] = True  # real keys anywhere
+    k_pad, v_pad = k * mask, v * mask
+    eps_b = torch.tensor(n_real, dtype=torch.float64).reshape(B, 1, 1, 1) * eps / n
+    weights = torch.randn(q.shape, dtype=torch.float64)
+    out, (g_q, g_k, g_v, _) = _grads(pola_linear_attention, (q, k_pad, v_pad, power),
+                                     weights, eps=eps_b)
+    ref = pola_linear_attention_reference(q, k_pad, v_pad, power, eps=eps_b)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+    for b in range(B):
+        keep = mask[b, 0, :, 0]
+        real = (q[b:b + 1], k[b:b + 1, :, keep], v[b:b + 1, :, keep], power)
+        expected, (e_q, e_k, e_v, _) = _grads(pola_linear_attention, real, weights[b:b + 1],
+                                              eps=eps)
+        torch.testing.assert_close(out[b:b + 1], expected, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(g_q[b:b + 1], e_q, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(g_k[b:b + 1, :, keep], e_k, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(g_v[b:b + 1, :, keep], e_v, rtol=1e-10, atol=1e-12)
+    if magnitude == 1.0:  # without the eps correction the results differ
+        plain = pola_linear_attention(q, k_pad, v_pad, power, eps=eps)
+        assert not torch.allclose(plain[0], out[0], rtol=1e-9, atol=1e-9)
+
+
+def test_tensor_eps_per_head():
+    q, k, v, power = _inputs(B=2, h=3, N=5, n=4, d=4)
+    eps = torch.rand(2, 3, 1, 1, dtype=torch.float64) + 0.1
+    out = pola_linear_attention(q, k, v, power, eps=eps)
+    for b in range(2):
+        for i in range(3):
+            sl = (slice(b, b + 1), slice(i, i + 1))
+            expected = pola_linear_attention_reference(q[sl], k[sl], v[sl],
+                                                       power[:, i:i + 1],
+                                                       eps=eps[b, i].item())
+            torch.testing.assert_close(out[sl], expected, rtol=1e-12, atol=1e-12)
+
+
+def test_large_queries_that_meet_only_zero_key_channels():
+    """A query row whose non-zero channels are zero in every key: 0 / (0 + eps) = 0, also
+    when the shifts of the row and of the keys are large (eps must not underflow)."""
+    B, h, N, n, d = 1, 1, 4, 6, 4
+    q, k, v, _ = _inputs(B, h, N, n, d)
+    q, k = q * 1e4, k * 1e4
+    q[..., 0, 1:] = 0  # row 0 only in channel 0 ...
+    k[..., 0] = 0  # ... which no key has
+    power = torch.full((1, h, 1, d), 10.0, dtype=torch.float64)
+    ref = pola_linear_attention_reference(q, k, v, power)
+    weights = torch.randn(q.shape)
+    out, grads = _grads(pola_linear_attention, [t.float() for t in (q, k, v, power)],
+                        weights)
+    assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
+    assert (out[..., 0, :] == 0).all() and (ref[..., 0, :] == 0).all()
+    torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-4)

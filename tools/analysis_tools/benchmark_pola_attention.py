@@ -1,21 +1,45 @@
 #!/usr/bin/env python
-"""Benchmark the polarity-aware attention maths: our fast path (one power of |x|, one
-GEMM for both streams) against the form the official code uses (relu(x)^p and relu(-x)^p
-separately, each stream its own K^T v and normaliser: DESIGN.md section 1, steps 6-11,
-as written), and against explicit N x n weights where that fits.
+"""Benchmark the polarity-aware attention op against the official formulation.
 
     python tools/analysis_tools/benchmark_pola_attention.py [--device cuda] [--repeat 5]
 
-Prints one table row per shape: median forward and forward+backward milliseconds, the
-ratio official-form / fast, and on CUDA the peak memory of forward+backward.
+Implementations (``polaformer_mm.ops``): ``op`` = ``pola_linear_attention`` (its
+``--backend``), ``naive`` = ``pola_linear_attention_naive`` (the official code's order of
+operations: ``relu(x) ** p`` and ``relu(-x) ** p`` separately, each stream its own
+``K^T v`` and normaliser, autograd through everything), and up to
+``--reference-max-tokens`` queries ``explicit`` = ``pola_linear_attention_reference``
+(the N x n weights).
+
+Time: forward and forward+backward (``out.sum().backward()``), median of ``--repeat``
+runs after one warm-up, the implementations alternating within one process.
+
+Peak memory of forward+backward, over the memory the inputs already use:
+
+* CUDA: ``torch.cuda.max_memory_allocated()`` minus the allocation before the call.
+* CPU: each measurement in a fresh subprocess: it builds the inputs, runs forward+backward
+  once (warm-up), resets the process's peak resident set size (``/proc/self/clear_refs``),
+  and reports the peak RSS of a second forward+backward minus the RSS just before it.
+  glibc is told to return freed blocks to the system at once (fixed
+  ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_``), so freed memory is not
+  counted as in use. Where the peak cannot be reset, the first call is measured against
+  the peak so far. This counts everything the call touches: saved activations,
+  temporaries, the output and the gradients.
+
+Prints one row per shape and implementation, the ratios to ``op``, and per shape how
+much faster ``op`` is than ``naive`` and the ratio of their peaks.
 """
 import argparse
+import json
+import os
+import resource
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
 
-from polaformer_mm.ops import (pola_linear_attention,
+from polaformer_mm.ops import (pola_linear_attention, pola_linear_attention_naive,
                                pola_linear_attention_reference)
 
 # (name, B, heads, N queries, n keys, head width)
@@ -29,23 +53,28 @@ SHAPES = [
 ]
 
 
-def official_form(q, k, v, power, alpha=4.0, eps=1e-6):
-    """The official order of operations: each stream its own K^T v and normaliser."""
-    p = 1 + alpha * torch.sigmoid(power)
-    q_pos, q_neg = torch.relu(q)**p, torch.relu(-q)**p
-    k_pos, k_neg = torch.relu(k)**p, torch.relu(-k)**p
-    q_sim = torch.cat([q_pos, q_neg], dim=-1)
-    q_opp = torch.cat([q_neg, q_pos], dim=-1)
-    keys = torch.cat([k_pos, k_neg], dim=-1)
-    n = keys.shape[-2]
-    v1, v2 = torch.chunk(v, 2, dim=-1)
-    k_mean = keys.mean(dim=-2, keepdim=True).transpose(-2, -1)
-    outs = []
-    for queries, values in ((q_sim, v1), (q_opp, v2)):
-        z = 1 / (queries @ k_mean + eps)
-        kv = (keys.transpose(-2, -1) * n**-0.5) @ (values * n**-0.5)
-        outs.append(queries @ kv * z)
-    return torch.cat(outs, dim=-1)
+def _impls(backend):
+
+    def op(q, k, v, power):
+        return pola_linear_attention(q, k, v, power, backend=backend)
+
+    return {
+        'op': op,
+        'naive': pola_linear_attention_naive,
+        'explicit': pola_linear_attention_reference
+    }
+
+
+def _inputs(shape, device, dtype, seed=0):
+    _, B, h, N, n, d = shape
+    g = torch.Generator().manual_seed(seed)
+    tensors = [
+        torch.randn(B, h, N, d, generator=g),
+        torch.randn(B, h, n, d, generator=g),
+        torch.randn(B, h, n, d, generator=g),
+        torch.randn(1, h, 1, d, generator=g)
+    ]
+    return [t.to(device=device, dtype=dtype) for t in tensors]
 
 
 def _sync(device):
@@ -53,62 +82,159 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def measure(fn, inputs, device, repeat, backward):
-    times = []
-    peak = None
+def _call(fn, inputs, device, backward):
+    args = [t.detach().requires_grad_(backward) for t in inputs]
+    _sync(device)
+    start = time.perf_counter()
+    if backward:
+        fn(*args).sum().backward()
+    else:
+        with torch.no_grad():
+            fn(*args)
+    _sync(device)
+    return (time.perf_counter() - start) * 1e3
+
+
+def measure_times(impls, inputs, device, repeat, backward):
+    """Median milliseconds per implementation, the implementations alternating."""
+    times = {name: [] for name in impls}
     for i in range(repeat + 1):
-        args = [t.detach().requires_grad_(backward) for t in inputs]
-        if device.type == 'cuda':
-            torch.cuda.reset_peak_memory_stats()
-        _sync(device)
-        start = time.perf_counter()
-        out = fn(*args)
-        if backward:
-            out.sum().backward()
-        _sync(device)
-        if i:  # first run is warm-up
-            times.append((time.perf_counter() - start) * 1e3)
-        if device.type == 'cuda':
-            peak = torch.cuda.max_memory_allocated() / 2**20
-    return statistics.median(times), peak
+        for name, fn in impls.items():
+            t = _call(fn, inputs, device, backward)
+            if i:  # the first round is the warm-up
+                times[name].append(t)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def main():
+def _status_kib(key):
+    with open('/proc/self/status') as f:
+        for line in f:
+            if line.startswith(key + ':'):
+                return int(line.split()[1])
+    raise KeyError(key)
+
+
+def _can_reset_peak_rss():
+    try:
+        with open('/proc/self/clear_refs', 'w') as f:
+            f.write('5')
+        _status_kib('VmHWM')
+        return True
+    except (OSError, KeyError):
+        return False
+
+
+def _max_rss_kib():
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 1024 if sys.platform == 'darwin' else rss  # bytes on macOS
+
+
+def cpu_peak_child(impl, shape_index, dtype, backend):
+    """In a fresh process: peak RSS increase (MiB) of one forward+backward."""
+    device = torch.device('cpu')
+    fn = _impls(backend)[impl]
+    inputs = _inputs(SHAPES[shape_index], device, dtype)
+    if _can_reset_peak_rss():
+        _call(fn, inputs, device, backward=True)  # warm-up
+        _can_reset_peak_rss()
+        before = _status_kib('VmRSS')
+        _call(fn, inputs, device, backward=True)
+        peak = _status_kib('VmHWM')
+    else:  # the first call of the fresh process, against its peak so far
+        before = _max_rss_kib()
+        _call(fn, inputs, device, backward=True)
+        peak = _max_rss_kib()
+    return (peak - before) / 1024
+
+
+def measure_cpu_peak(impl, shape_index, args):
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_='131072', MALLOC_TRIM_THRESHOLD_='131072')
+    cmd = [
+        sys.executable, os.path.abspath(__file__), '--child', impl,
+        str(shape_index), '--dtype', args.dtype, '--backend', args.backend
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f'peak-memory subprocess failed:\n{proc.stderr[-3000:]}')
+    return json.loads(proc.stdout.strip().splitlines()[-1])['peak_mib']
+
+
+def measure_cuda_peak(fn, inputs, device):
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    _call(fn, inputs, device, backward=True)
+    return (torch.cuda.max_memory_allocated(device) - before) / 2**20
+
+
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--dtype', default='float32', choices=['float32', 'float16'])
-    parser.add_argument('--repeat', type=int, default=5)
+    parser.add_argument('--repeat', type=int, default=5, help='timed runs (>= 1)')
+    parser.add_argument('--backend', default='auto', choices=['auto', 'torch', 'triton'],
+                        help="the op's backend")
+    parser.add_argument('--shapes', type=int, nargs='+', default=None,
+                        help=f'indices into the shape list (0-{len(SHAPES) - 1}); all by '
+                        'default')
     parser.add_argument('--reference-max-tokens', type=int, default=4096,
                         help='run the explicit N x n version only up to this N')
-    args = parser.parse_args()
-    device = torch.device(args.device)
+    parser.add_argument('--no-memory', action='store_true', help='time only')
+    parser.add_argument('--child', nargs=2, metavar=('IMPL', 'SHAPE'), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error(f'--repeat must be >= 1 (timed runs after the warm-up), got {args.repeat}')
+    if args.shapes is not None:
+        bad = [i for i in args.shapes if not 0 <= i < len(SHAPES)]
+        if bad:
+            parser.error(f'--shapes {bad}: there are {len(SHAPES)} shapes (0-{len(SHAPES) - 1})')
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
     dtype = getattr(torch, args.dtype)
-    print(f'device={device} dtype={args.dtype} torch={torch.__version__} '
-          f'threads={torch.get_num_threads()}')
-    header = (f"{'shape':<24}{'impl':<12}{'fwd ms':>10}{'fwd+bwd ms':>12}"
-              f"{'peak MiB':>10}{'vs fast':>9}")
+    if args.child:
+        impl, index = args.child
+        print(json.dumps({'peak_mib': cpu_peak_child(impl, int(index), dtype, args.backend)}))
+        return
+    device = torch.device(args.device)
+    print(f'device={device} dtype={args.dtype} backend={args.backend} '
+          f'torch={torch.__version__} threads={torch.get_num_threads()} '
+          f'repeat={args.repeat}')
+    print('command: python ' + ' '.join([sys.argv[0]] + (argv or sys.argv[1:])))
+    header = (f"{'shape (B, h, N, n, d)':<48}{'impl':<10}{'fwd ms':>10}{'fwd+bwd ms':>12}"
+              f"{'peak MiB':>10}{'time/op':>9}{'peak/op':>9}")
     print(header)
     print('-' * len(header))
-    g = torch.Generator().manual_seed(0)
-    for name, B, h, N, n, d in SHAPES:
-        inputs = [
-            torch.randn(B, h, N, d, generator=g),
-            torch.randn(B, h, n, d, generator=g),
-            torch.randn(B, h, n, d, generator=g),
-            torch.randn(1, h, 1, d, generator=g)
-        ]
-        inputs = [t.to(device=device, dtype=dtype) for t in inputs]
-        impls = [('fast', pola_linear_attention), ('official', official_form)]
-        if N <= args.reference_max_tokens:
-            impls.append(('explicit', pola_linear_attention_reference))
-        fast_fb = None
-        for impl, fn in impls:
-            fwd, _ = measure(fn, inputs, device, args.repeat, backward=False)
-            fb, peak = measure(fn, inputs, device, args.repeat, backward=True)
-            fast_fb = fast_fb or fb
-            peak_s = f'{peak:10.1f}' if peak is not None else f"{'-':>10}"
-            print(f'{name:<24}{impl:<12}{fwd:10.2f}{fb:12.2f}{peak_s}'
-                  f'{fb / fast_fb:9.2f}')
+    summary = []
+    for index in (args.shapes if args.shapes is not None else range(len(SHAPES))):
+        shape = SHAPES[index]
+        name, B, h, N, n, d = shape
+        impls = _impls(args.backend)
+        if N > args.reference_max_tokens:
+            del impls['explicit']
+        inputs = _inputs(shape, device, dtype)
+        fwd = measure_times(impls, inputs, device, args.repeat, backward=False)
+        fb = measure_times(impls, inputs, device, args.repeat, backward=True)
+        peaks = {}
+        for impl, fn in impls.items():
+            if args.no_memory:
+                peaks[impl] = float('nan')
+            elif device.type == 'cuda':
+                peaks[impl] = measure_cuda_peak(fn, inputs, device)
+            else:
+                peaks[impl] = measure_cpu_peak(impl, index, args)
+        label = f'{name} ({B}, {h}, {N}, {n}, {d})'
+        for impl in impls:
+            print(f'{label:<48}{impl:<10}{fwd[impl]:10.2f}{fb[impl]:12.2f}'
+                  f'{peaks[impl]:10.1f}{fb[impl] / fb["op"]:9.2f}'
+                  f'{peaks[impl] / peaks["op"]:9.2f}')
+        summary.append((label, fb['naive'] / fb['op'], peaks['op'] / peaks['naive']))
+    print()
+    print(f"{'shape':<48}{'op speed-up over naive (fwd+bwd)':>34}{'op peak / naive peak':>22}")
+    for label, speedup, memory in summary:
+        print(f'{label:<48}{speedup:33.2f}x{memory:22.2f}')
 
 
 if __name__ == '__main__':

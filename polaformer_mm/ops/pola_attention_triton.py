@@ -1,0 +1,208 @@
+"""Fused Triton implementation of :func:`polaformer_mm.ops.pola_linear_attention`.
+
+Forward: one pass over the keys per (batch, head) and split of the key rows builds the
+key summary (``[k+, k-]^T v`` and the feature sums, with a running shift that keeps every
+feature in [0, 1]); the splits are combined into ``W`` (2d x (d+2)); then one pass over
+blocks of queries forms ``[q+, q-]`` in registers, multiplies it with ``W`` and divides
+per stream. Backward: one pass over the queries (gradient of q, partial gradients of W
+and of the exponent), then one pass over the keys (gradients of k and v). Saved for the
+backward pass: q, k, v, ``power``, ``W``, the key shift and ``eps`` per (batch, head).
+
+Storage may be float32, float16 or bfloat16 (any strides); the arithmetic is float32.
+The float32 matrix products follow ``torch.backends.cuda.matmul.allow_tf32`` (IEEE by
+default, as torch's). Install with ``pip install polaformer_mm[triton]``. With
+``TRITON_INTERPRET=1`` set before Triton is imported, the kernels run on CPU tensors
+through Triton's interpreter (the tests use this).
+"""
+import os
+from typing import Tuple
+
+import torch
+from torch import Tensor
+
+from .pola_attention import (EpsType, _assemble_summary, _exponent, _summary_grads,
+                             _value_split)
+
+try:
+    from . import _pola_triton_kernels as _kernels
+except ImportError as error:  # Triton is an optional dependency
+    _kernels = None
+    _import_error = error
+else:
+    _import_error = None
+
+__all__ = ['available', 'supports', 'pola_linear_attention_triton', 'MAX_HEAD_DIM']
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_TINY = float(torch.finfo(torch.float32).tiny)
+
+
+#: Largest head width the kernels take (their accumulators are d x d blocks).
+MAX_HEAD_DIM = 128
+
+
+def available() -> bool:
+    """Whether Triton can be imported (the kernels need it)."""
+    return _kernels is not None
+
+
+def supports(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether the kernels take these inputs (CUDA, float32/16/bf16, d <= 128)."""
+    return (available() and q.device.type == 'cuda' and q.shape[-1] <= MAX_HEAD_DIM
+            and all(t.dtype in _DTYPES for t in (q, k, v)))
+
+
+def _interpreting() -> bool:
+    return os.environ.get('TRITON_INTERPRET', '0') == '1'
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _block_d(d: int) -> int:
+    return max(16, 1 << (d - 1).bit_length())
+
+
+def _splits(rows: int, bh: int, device: torch.device) -> Tuple[int, int]:
+    """(rows per program, programs per (batch, head)) for a pass over ``rows``.
+
+    Rows per program are a multiple of every BLOCK_N of the launch configurations.
+    """
+    block_n = max(config.kwargs['BLOCK_N'] for config in _kernels.CONFIGS)
+    blocks = _cdiv(rows, block_n)
+    if device.type == 'cuda':
+        target = 4 * torch.cuda.get_device_properties(device).multi_processor_count
+    else:  # the interpreter: several splits, so that their combination is exercised
+        target = 16
+    splits = max(1, min(blocks, _cdiv(target, bh)))
+    rows_per_split = _cdiv(blocks, splits) * block_n
+    return rows_per_split, _cdiv(rows, rows_per_split)
+
+
+def _precision(device: torch.device) -> str:
+    if device.type == 'cuda' and torch.backends.cuda.matmul.allow_tf32:
+        return 'tf32'
+    return 'ieee'
+
+
+def _meta(d: int, device: torch.device) -> dict:
+    """The compile-time arguments of every kernel launch (the autotuner adds BLOCK_N,
+    num_warps and num_stages)."""
+    return dict(BLOCK_D=_block_d(d), PRECISION=_precision(device), TINY=_TINY,
+                enable_fp_fusion=True)
+
+
+def _eps_per_head(eps: EpsType, B: int, h: int, device: torch.device) -> Tensor:
+    if isinstance(eps, Tensor):
+        return eps.detach().to(device=device, dtype=torch.float32).expand(
+            B, h, 1, 1).reshape(B * h).contiguous()
+    return torch.full((B * h, ), float(eps), dtype=torch.float32, device=device)
+
+
+class _PolaAttentionTriton(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: float,
+                eps: EpsType) -> Tensor:
+        B, h, N, d = q.shape
+        n = k.shape[2]
+        bh = B * h
+        device = q.device
+        meta = _meta(d, device)
+        p = _exponent(power.detach().float(), alpha).reshape(h, d).contiguous()
+        eps_bh = _eps_per_head(eps, B, h, device)
+
+        rows, splits = _splits(n, bh, device)
+        kv_part = torch.empty(bh, splits, 2 * d, d, dtype=torch.float32, device=device)
+        sum_part = torch.empty(bh, splits, 2 * d, dtype=torch.float32, device=device)
+        shift_part = torch.empty(bh, splits, dtype=torch.float32, device=device)
+        _kernels._key_summary_kernel[(bh, splits)](
+            k, v, p, kv_part, sum_part, shift_part, *k.stride(), *v.stride(), h, n, d,
+            rows, splits, **meta)
+        k_shift = shift_part.amax(dim=1)
+        rescale = torch.exp(shift_part - k_shift[:, None])
+        kv = torch.einsum('bsij,bs->bij', kv_part, rescale).div_(n)
+        k_mean = torch.einsum('bsi,bs->bi', sum_part, rescale).div_(n)
+        W = _assemble_summary(kv, k_mean).contiguous()
+
+        out = torch.empty_like(q)
+        rows, splits = _splits(N, bh, device)
+        _kernels._query_forward_kernel[(bh, splits)](
+            q, W, p, eps_bh, k_shift, out, *q.stride(), *out.stride(), h, N, d,
+            _value_split(d), rows, **meta)
+        ctx.alpha = alpha
+        ctx.save_for_backward(q, k, v, power, W, k_shift, eps_bh)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: Tensor):
+        q, k, v, power, W, k_shift, eps_bh = ctx.saved_tensors
+        B, h, N, d = q.shape
+        n = k.shape[2]
+        bh = B * h
+        device = q.device
+        meta = _meta(d, device)
+        p = _exponent(power.detach().float(), ctx.alpha).reshape(h, d).contiguous()
+
+        g_q = torch.empty_like(q)
+        rows, splits = _splits(N, bh, device)
+        gw_part = torch.empty(bh, splits, 2 * d, d + 2, dtype=torch.float32, device=device)
+        gp_q = torch.empty(bh, splits, d, dtype=torch.float32, device=device)
+        _kernels._query_backward_kernel[(bh, splits)](
+            q, grad_out, W, p, eps_bh, k_shift, g_q, gw_part, gp_q, *q.stride(),
+            *grad_out.stride(), *g_q.stride(), h, N, d, _value_split(d), rows, splits, **meta)
+        g_kv, g_mean = _summary_grads(gw_part.sum(dim=1), d)
+        g_kv = g_kv.div_(n).contiguous()
+        g_mean = g_mean.div_(n).contiguous()
+
+        g_k = torch.empty_like(k)
+        g_v = torch.empty_like(v)
+        rows, splits = _splits(n, bh, device)
+        gp_k = torch.empty(bh, splits, d, dtype=torch.float32, device=device)
+        _kernels._key_backward_kernel[(bh, splits)](
+            k, v, p, k_shift, g_kv, g_mean, g_k, g_v, gp_k, *k.stride(), *v.stride(),
+            *g_k.stride(), *g_v.stride(), h, n, d, rows, splits, **meta)
+        g_p = (gp_q.sum(dim=1) + gp_k.sum(dim=1)).reshape(B, h, d).sum(dim=0)
+        s = torch.sigmoid(power.detach().float()).reshape(h, d)
+        g_power = g_p.mul_(s * (1 - s) * ctx.alpha).reshape(power.shape).to(power.dtype)
+        return g_q, g_k, g_v, g_power, None, None
+
+
+def pola_linear_attention_triton(q: Tensor, k: Tensor, v: Tensor, power: Tensor,
+                                 alpha: float, eps: EpsType) -> Tensor:
+    """The fused kernels; arguments as :func:`~polaformer_mm.ops.pola_linear_attention`
+    (already checked there). Returns q's dtype; computes in float32.
+
+    Args:
+        q (Tensor): queries (B, h, N, d), on CUDA (CPU under ``TRITON_INTERPRET=1``).
+        k (Tensor): keys (B, h, n, d).
+        v (Tensor): values (B, h, n, d).
+        power (Tensor): the raw exponent parameter (1, h, 1, d).
+        alpha (float): the exponent is ``1 + alpha * sigmoid(power)``.
+        eps (float | Tensor): a float or a tensor broadcastable to (B, h, 1, 1).
+
+    Returns:
+        Tensor: (B, h, N, d) in q's dtype and memory layout.
+    """
+    if _kernels is None:
+        raise RuntimeError(
+            'pola_linear_attention(backend="triton") needs Triton: pip install '
+            f'polaformer_mm[triton] (import failed: {_import_error})')
+    if q.device.type != 'cuda' and not _interpreting():
+        raise ValueError('pola_linear_attention(backend="triton") needs CUDA tensors '
+                         f'(got {q.device}); use backend="torch" on the CPU')
+    if q.shape[-1] > MAX_HEAD_DIM:
+        raise ValueError(f'pola_linear_attention(backend="triton"): head width '
+                         f'{q.shape[-1]} > {MAX_HEAD_DIM}; use backend="torch"')
+    for name, t in (('q', q), ('k', k), ('v', v), ('power', power)):
+        if t.dtype not in _DTYPES:
+            raise ValueError(f'pola_linear_attention(backend="triton"): {name} is '
+                             f'{t.dtype}; the kernels take {_DTYPES} '
+                             '(use backend="torch" for float64)')
+        if t.device != q.device:
+            raise ValueError(f'pola_linear_attention: {name} is on {t.device}, q on '
+                             f'{q.device}')
+    with torch.autocast(q.device.type, enabled=False):
+        return _PolaAttentionTriton.apply(q, k, v, power, alpha, eps)

@@ -1,0 +1,173 @@
+"""Checks of the Triton kernels, run by test_pola_attention_triton.py in a subprocess.
+
+``python -m tests.test_ops._triton_worker interpret`` (with ``TRITON_INTERPRET=1``, which
+must be set before Triton is imported, hence the separate process) runs every case of
+:data:`CASES` through the kernels on CPU tensors and through the torch path, and prints
+one JSON line: per case, the largest difference of the output and of each gradient,
+relative to the largest magnitude of the torch path's. ``compile`` (without the
+interpreter) runs Triton's compiler on the four kernels for an sm_90 GPU up to its GPU
+dialect, which needs no GPU, and prints the kernels lowered.
+"""
+import json
+import os
+import sys
+
+import torch
+
+# name: (B, h, N, n, d, dtype, what)
+CASES = {
+    'd32': (2, 2, 37, 29, 32, 'float32', ''),
+    'd64_several_blocks': (1, 3, 131, 77, 64, 'float32', ''),
+    'd7_odd_width': (2, 1, 20, 9, 7, 'float32', ''),
+    'long_growing_keys': (2, 4, 50, 300, 32, 'float32', 'growing'),
+    'tensor_eps_padded_keys': (3, 2, 19, 40, 32, 'float32', 'padded'),
+    'large_magnitudes': (1, 2, 33, 21, 32, 'float32', 'large'),
+    'exact_zeros': (2, 2, 17, 23, 32, 'float32', 'zeros'),
+    'large_query_meets_zero_keys': (1, 2, 9, 12, 32, 'float32', 'meet_zero'),
+    'strided_layout': (2, 3, 25, 25, 32, 'float32', 'strided'),
+    'float16_storage': (2, 2, 37, 29, 32, 'float16', ''),
+    'bfloat16_storage': (2, 2, 37, 29, 64, 'bfloat16', ''),
+}
+
+
+def _case_inputs(B, h, N, n, d, dtype, what):
+    g = torch.Generator().manual_seed(B * 1000 + N * 10 + d)
+    q = torch.randn(B, h, N, d, generator=g)
+    k = torch.randn(B, h, n, d, generator=g)
+    v = torch.randn(B, h, n, d, generator=g)
+    power = torch.randn(1, h, 1, d, generator=g)
+    eps = 1e-6
+    if what == 'padded':
+        n_real = torch.tensor([5, 40, 23])[:B]
+        keep = (torch.arange(n) < n_real[:, None]).reshape(B, 1, n, 1)
+        k, v = k * keep, v * keep
+        eps = (1e-2 * n_real / n).reshape(B, 1, 1, 1).float()
+    elif what == 'large':
+        q, k = q * 1e4, k * 1e4
+        power = torch.full_like(power, 10.)
+    elif what == 'growing':  # the running shift of a key split grows block by block
+        k = k * torch.logspace(0, 3, n).reshape(1, 1, n, 1)
+    elif what == 'meet_zero':  # 0 / (0 + eps) with large shifts: eps must not underflow
+        q, k = q * 1e4, k * 1e4
+        power = torch.full_like(power, 10.)
+        q[..., 0, 1:] = 0
+        k[..., 0] = 0
+    elif what == 'zeros':
+        q[..., ::3] = 0
+        q[:, :, 0] = 0
+        k[:, :, 1::2, 1] = 0
+        k[1, 0] = 0
+    elif what == 'strided':  # heads split from (B, N, h*d) tokens, as the models do
+        q = q.transpose(1, 2).contiguous().transpose(1, 2)
+        k = k.transpose(1, 2).contiguous().transpose(1, 2)
+        v = v.transpose(1, 2).contiguous().transpose(1, 2)
+    dt = getattr(torch, dtype)
+    return [t.to(dt) for t in (q, k, v)] + [power], eps
+
+
+def _run(q, k, v, power, eps, grad, backend):
+    from polaformer_mm.ops import pola_linear_attention
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, power)]
+    out = pola_linear_attention(*leaves, eps=eps, backend=backend)
+    out.backward(grad)
+    return [out] + [t.grad for t in leaves]
+
+
+def run_case(B, h, N, n, d, dtype, what):
+    (q, k, v, power), eps = _case_inputs(B, h, N, n, d, dtype, what)
+    g = torch.Generator().manual_seed(1)
+    grad = torch.randn(q.shape, generator=g).to(q.dtype)
+    if what == 'strided':
+        grad = grad.transpose(1, 2).contiguous().transpose(1, 2)
+    tri = _run(q, k, v, power, eps, grad, 'triton')
+    ref = _run(q, k, v, power, eps, grad, 'torch')
+    names = ['out', 'q', 'k', 'v', 'power']
+    result = {'dtype': str(tri[0].dtype), 'out_stride': list(tri[0].stride()),
+              'q_stride': list(q.stride())}
+    for name, a, b in zip(names, tri, ref):
+        a, b = a.double(), b.double()
+        result[name] = {
+            'finite': bool(torch.isfinite(a).all()),
+            'rel_err': float((a - b).abs().max() / b.abs().max().clamp_min(1e-30)),
+        }
+    if what == 'padded':  # and the torch path on the real keys alone
+        real = []
+        for b_ in range(B):
+            keep = k[b_, 0].abs().sum(-1) > 0
+            real.append(
+                _run(q[b_:b_ + 1], k[b_:b_ + 1, :, keep], v[b_:b_ + 1, :, keep], power,
+                     1e-2, grad[b_:b_ + 1], 'torch')[0])
+        real = torch.cat(real).double()
+        result['real_keys_rel_err'] = float(
+            (tri[0].double() - real).abs().max() / real.abs().max())
+    return result
+
+
+def interpret():
+    assert os.environ.get('TRITON_INTERPRET') == '1', 'set TRITON_INTERPRET=1'
+    torch.set_num_threads(1)
+    return {name: run_case(*spec) for name, spec in CASES.items()}
+
+
+def lower_for_sm90():
+    """Run Triton's compiler on every kernel for an sm_90 target as far as its GPU
+    dialect (TTGIR): parsing, typing, tl.dot shapes and layouts. The LLVM, PTX and ptxas
+    stages (minutes for these kernels on a 2-core machine) are left out."""
+    from triton._C.libtriton import ir
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.compiler.compiler import make_backend
+
+    from polaformer_mm.ops import _pola_triton_kernels as kernels
+    from polaformer_mm.ops.pola_attention_triton import _TINY, _block_d
+
+    pointer_args = {
+        '_key_summary_kernel': dict(K='x', V='x', P='f', KV='f', KMEAN='f', KMAX='f'),
+        '_query_forward_kernel': dict(Q='x', W='f', P='f', EPS='f', KMAX='f', OUT='x'),
+        '_query_backward_kernel': dict(Q='x', GO='x', W='f', P='f', EPS='f', KMAX='f',
+                                       GQ='x', GW='f', GP='f'),
+        '_key_backward_kernel': dict(K='x', V='x', P='f', KMAX='f', GKV='f', GMEAN='f',
+                                     GK='x', GV='x', GP='f'),
+    }
+    target = GPUTarget('cuda', 90, 32)
+    backend = make_backend(target)
+    lowered = []
+    first = kernels.CONFIGS[0]
+    cases = [(32, 'fp32', first), (7, 'fp16', first)]
+    cases += [(64, 'bf16', config) for config in kernels.CONFIGS]
+    for d, dtype, config in cases:
+        constants = dict(BLOCK_N=config.kwargs['BLOCK_N'], BLOCK_D=_block_d(d),
+                         PRECISION='ieee', TINY=_TINY)
+        options = backend.parse_options(
+            dict(num_warps=config.num_warps, num_stages=config.num_stages,
+                 enable_fp_fusion=True))
+        for name, pointers in pointer_args.items():
+            fn = getattr(kernels, name).fn  # the kernel under the autotuner
+            signature = {}
+            for arg in fn.arg_names:
+                if arg in constants:
+                    signature[arg] = 'constexpr'
+                elif arg in pointers:
+                    signature[arg] = '*' + (dtype if pointers[arg] == 'x' else 'fp32')
+                else:
+                    signature[arg] = 'i32'
+            src = ASTSource(fn, signature, constexprs=constants)
+            stages = {}
+            backend.add_stages(stages, options, src.language)
+            context = ir.context()
+            ir.load_dialects(context)
+            backend.load_dialects(context)
+            module = src.make_ir(target, options,
+                                 backend.get_codegen_implementation(options),
+                                 backend.get_module_map(), context)
+            metadata = {}
+            for stage in ('ttir', 'ttgir'):
+                module = stages[stage](module, metadata)
+            lowered.append(f'{name}[d={d},{dtype},{config}]')
+    return lowered
+
+
+if __name__ == '__main__':
+    mode = sys.argv[1]
+    result = interpret() if mode == 'interpret' else lower_for_sm90()
+    print(json.dumps(result))

@@ -1,0 +1,65 @@
+"""The fused Triton kernels against the torch path, on the CPU through Triton's interpreter.
+
+``TRITON_INTERPRET=1`` only takes effect if it is set before Triton is imported, so the
+kernels run in a fresh process (tests/test_ops/_triton_worker.py) whatever this process
+imported before; one process runs all cases and these tests check its numbers.
+"""
+import importlib.util
+import json
+import os
+import os.path as osp
+import subprocess
+import sys
+
+import pytest
+
+from ._triton_worker import CASES
+
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec('triton') is None,
+    reason='Triton is not installed (pip install polaformer_mm[triton], or '
+    '-r requirements/tests.txt)')
+
+
+def _worker(mode: str, interpret: bool):
+    env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
+    if interpret:
+        env['TRITON_INTERPRET'] = '1'
+    env['PYTHONPATH'] = os.pathsep.join(filter(None, [REPO, env.get('PYTHONPATH')]))
+    env.setdefault('OMP_NUM_THREADS', '1')
+    proc = subprocess.run([sys.executable, '-m', 'tests.test_ops._triton_worker', mode],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope='module')
+def interpreted():
+    return _worker('interpret', interpret=True)
+
+
+@pytest.mark.parametrize('case', sorted(CASES))
+def test_kernels_match_the_torch_path(interpreted, case):
+    result = interpreted[case]
+    dtype = CASES[case][5]
+    # the kernels store half outputs and gradients in the input dtype; the torch path
+    # rounds its float32 result once too, so both differ by about one rounding
+    tol = {'float32': 2e-5, 'float16': 2e-3, 'bfloat16': 1.6e-2}[dtype]
+    assert result['dtype'] == f'torch.{dtype}'
+    for name in ('out', 'q', 'k', 'v', 'power'):
+        assert result[name]['finite'], (case, name)
+        assert result[name]['rel_err'] < tol, (case, name, result[name])
+    if case == 'strided_layout':
+        assert result['out_stride'] == result['q_stride']
+    if case == 'tensor_eps_padded_keys':
+        assert result['real_keys_rel_err'] < 2e-5, result
+
+
+def test_kernels_lower_for_a_gpu():
+    """Triton's compiler needs no GPU: every kernel goes through it for sm_90 up to the
+    GPU dialect (what the interpreter does not check: typing, tl.dot shapes, layouts),
+    for head widths 32, 7 and 64, and at 64 in every launch configuration."""
+    lowered = _worker('compile', interpret=False)
+    assert len(lowered) == 4 * 6, lowered
