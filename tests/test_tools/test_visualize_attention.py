@@ -21,6 +21,8 @@ ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 IMAGE = osp.join(matplotlib.get_data_path(), 'sample_data', 'grace_hopper.jpg')
 PVT_CONFIG = osp.join(ROOT, 'configs', 'quickstart', 'mask-rcnn_pola-pvt-t_fpn_synthetic.py')
 PVT_BASELINE = osp.join(ROOT, 'configs', 'pola_pvt', 'mask-rcnn_pvt-t_fpn_1x_coco.py')
+SEG_CONFIG = osp.join(ROOT, 'configs', 'quickstart', 'fpn_pola-pvt-t_synthetic-seg.py')
+SEG_BASELINE = osp.join(ROOT, 'configs', 'pola_pvt', 'fpn_pvt-t_4xb4-80k_ade20k-512x512.py')
 
 # Pola-Swin with 'L' windows of 6 tokens: at 150 x 128 (padded to 160 x 128) stage 0 is
 # 40 x 32 tokens, stage 1 20 x 16, so both pad to whole windows and odd blocks shift.
@@ -267,12 +269,16 @@ def test_windowed_weights_reproduce_the_module_outputs(swin_configs):
 
 
 def test_spatial_reduction_weights_reproduce_the_baseline_output():
-    """PVT baseline (8x reduced keys at stage 0): weights times values, through the
-    output projection, give nn.MultiheadAttention's output at the query token."""
-    cfg = tool.load_config(PVT_CONFIG)
+    """PVT baseline of a segmentation config on the whole 512 x 600 photograph
+    (spatially reduced keys; mmdet's PVT drops the remainder of odd grids where Pola-PVT
+    pads): weights times values, through the output projection, give
+    nn.MultiheadAttention's output at the query token."""
+    cfg = tool.load_config(SEG_CONFIG)
     model = tool.build_model(cfg, None, 'cpu', seed=0)
     prepared = tool.prepare_image(cfg, model, IMAGE)
-    base = tool.build_model(tool.load_config(PVT_BASELINE), None, 'cpu', seed=0)
+    assert tuple(prepared.inputs.shape[-2:]) == (600, 512)
+    pola_sites = tool.collect_pola_sites(model.backbone, prepared.inputs)
+    base = tool.build_model(tool.load_config(SEG_BASELINE), None, 'cpu', seed=0)
     outputs = {}
 
     def keep_first_output(key):  # the backbone's call, not the tool's later ones
@@ -286,7 +292,13 @@ def test_spatial_reduction_weights_reproduce_the_baseline_output():
         if isinstance(module, torch.nn.MultiheadAttention):
             module.register_forward_hook(keep_first_output(name))
     sites = tool.collect_softmax_sites(base.backbone, prepared.inputs)
-    assert [s.key_hw for s in sites[::2]] == [(4, 4), (4, 4), (4, 4), (4, 4)]
+    assert [s.stage_hw for s in pola_sites[::2]] == [(150, 128), (75, 64), (38, 32),
+                                                     (19, 16)]
+    assert [s.stage_hw for s in sites[::2]] == [(150, 128), (75, 64), (37, 32), (18, 16)]
+    assert [s.stride for s in sites] == [s.stride for s in pola_sites] == [
+        4, 4, 8, 8, 16, 16, 32, 32]
+    assert [s.key_hw for s in sites[::2]] == [(18, 16), (18, 16), (18, 16), (18, 16)]
+    assert [s.key_cell for s in sites[::2]] == [32, 32, 32, 32]
     for site in sites[::3]:
         mha = site.mha
         H, W = site.stage_hw
@@ -300,6 +312,13 @@ def test_spatial_reduction_weights_reproduce_the_baseline_output():
             pred = mha.out_proj(mixed)
         expected = outputs[site.name + '.attn'][cells[:, 0] * W + cells[:, 1], 0]
         torch.testing.assert_close(pred, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_grid_stride():
+    assert tool.grid_stride((600, 512), (150, 128)) == 4
+    assert tool.grid_stride((600, 512), (38, 32)) == 16  # ceil
+    assert tool.grid_stride((600, 512), (37, 32)) == 16  # floor
+    assert tool.grid_stride((160, 128), (40, 32)) == 4
 
 
 def test_bad_input_is_named(tmp_path, swin_configs):

@@ -292,16 +292,29 @@ def prepare_image(cfg: Config, model: nn.Module, image_path: str) -> Prepared:
 
 
 def grid_stride(input_hw: Sequence[int], grid_hw: Sequence[int]) -> int:
-    """Pixels per token of a stage grid: the power of two s with ceil(H_in / s) == h
-    and ceil(W_in / s) == w (patch embeddings and merges pad bottom / right), unique
-    when the grid has two tokens along a side; else ceil(H_in / h)."""
+    """Pixels per token of a stage grid: the smallest power of two s with
+    ceil(H_in / s) == h or floor(H_in / s) == h, and the same along W (patch embeddings
+    pad the bottom / right, or drop the remainder); ceil(H_in / h) if there is none.
+    Unique for grids of more than two tokens along a side; :func:`settle_strides`
+    takes it from the first stage's grid and doubles it at every later stage."""
     H, W = input_hw
     h, w = grid_hw
     for e in range(16):
         s = 2**e
-        if -(-H // s) == h and -(-W // s) == w:
+        if h in (-(-H // s), H // s) and w in (-(-W // s), W // s):
             return s
     return max(-(-H // h), -(-W // w))
+
+
+def settle_strides(sites: Sequence['Site'], input_hw: Sequence[int]) -> None:
+    """Set every site's ``stride`` from the stage it is in: the first stage's stride
+    (from the largest grid) doubled at every later stage, as in PVT and Swin."""
+    if not sites:
+        return
+    first = min(sites, key=lambda s: s.stage)
+    base = max(1, grid_stride(input_hw, first.stage_hw) // 2**first.stage)
+    for site in sites:
+        site.stride = base * 2**site.stage
 
 
 # --------------------------------------------------------------------------------------
@@ -318,11 +331,19 @@ class Site:
     """One attention module of one block: its grids and the rows of chosen queries.
 
     Subclasses set ``streams``, ``stage_hw`` (query grid), ``key_hw`` (grid the key
-    positions refer to), ``stride`` (pixels per query token), ``key_cell`` (pixels
-    per key cell), ``window`` ((size, shift) or None) and implement ``_rows``.
+    positions refer to), ``key_factor`` (query tokens per key cell along a side),
+    ``window`` ((size, shift) or None), ``stage`` and ``block``, and implement
+    ``_rows``; ``stride`` (pixels per query token) is set by :func:`settle_strides`.
     """
     streams: Tuple[str, ...] = ()
     window: Optional[Tuple[int, int]] = None
+    key_factor = 1
+    stride = 1
+
+    @property
+    def key_cell(self) -> int:
+        """Pixels per key cell along a side."""
+        return self.stride * self.key_factor
 
     def _rows(self, cells: np.ndarray, **kwargs) -> Iterator[Rows]:
         raise NotImplementedError
@@ -409,22 +430,21 @@ class PolaSite(Site):
     streams = STREAMS
 
     def __init__(self, name: str, stage: int, block: int, attn: PolaLinearAttention,
-                 parent: nn.Module, attn_call, block_call, input_hw):
+                 parent: nn.Module, attn_call, block_call):
         self.name, self.stage, self.block, self.attn = name, stage, block, attn
         self.call = attn_call  #: (args, kwargs) the module received
         self.num_heads = attn.num_heads
         self.alpha = attn.alpha
         self.stage_hw = tuple(int(s) for s in block_call[0][1])
-        self.stride = grid_stride(input_hw, self.stage_hw)
         self._projected = None
         if isinstance(parent, PolaSwinBlock) and parent.window_size is not None:
             ws = parent.window_size
             self.window = (ws, _window_shift(self.stage_hw, ws, parent.shifted))
-            self.key_hw, self.key_cell = self.stage_hw, self.stride
+            self.key_hw = self.stage_hw
         else:
             self.window = None
             self.key_hw = attn.key_grid(self.stage_hw)
-            self.key_cell = self.stride * attn.sr_ratio
+            self.key_factor = attn.sr_ratio
 
     def exponents(self) -> np.ndarray:
         """The learned exponents (h, d)."""
@@ -484,12 +504,11 @@ class SoftmaxSRASite(Site):
     an ``nn.MultiheadAttention`` over the reduced keys)."""
     streams = ('softmax', )
 
-    def __init__(self, name: str, module: nn.Module, module_call, mha_call, input_hw):
+    def __init__(self, name: str, module: nn.Module, module_call, mha_call):
         self.name, self.module = name, module
         self.mha = module.attn
         self.num_heads = self.mha.num_heads
         self.stage_hw = tuple(int(s) for s in module_call[0][1])
-        self.stride = grid_stride(input_hw, self.stage_hw)
         args, kwargs = mha_call
         names = ('query', 'key', 'value')
         query, key, value = (kwargs[n] if n in kwargs else args[i]
@@ -503,7 +522,7 @@ class SoftmaxSRASite(Site):
         if self.key_hw[0] * self.key_hw[1] != key.shape[0]:
             raise RuntimeError(f'{name}: {key.shape[0]} keys do not form the expected '
                                f'{self.key_hw} grid')
-        self.key_cell = self.stride * r
+        self.key_factor = r
 
     def _rows(self, cells: np.ndarray) -> Iterator[Rows]:
         key_pos, valid = self._grid_keys()
@@ -529,12 +548,11 @@ class SoftmaxWindowSite(Site):
     weights its ``w_msa.softmax`` produced, shift mask included."""
     streams = ('softmax', )
 
-    def __init__(self, name: str, module: nn.Module, module_call, attn, input_hw):
+    def __init__(self, name: str, module: nn.Module, module_call, attn):
         self.name, self.module = name, module
         self.stage_hw = tuple(int(s) for s in module_call[0][1])
-        self.stride = grid_stride(input_hw, self.stage_hw)
         self.window = (int(module.window_size), int(module.shift_size))
-        self.key_hw, self.key_cell = self.stage_hw, self.stride
+        self.key_hw = self.stage_hw
         self.attn = attn  # (B * nW, h, T, T)
         self.num_heads = attn.shape[1]
 
@@ -603,12 +621,12 @@ def collect_pola_sites(backbone: nn.Module, inputs: torch.Tensor) -> List[PolaSi
         recorder.pre(module, name)
         recorder.pre(parent, name + '/block')
     recorder.run(backbone, inputs)
-    input_hw = tuple(inputs.shape[-2:])
     sites = [
         PolaSite(name, stage, block, module, parent, recorder.calls[name],
-                 recorder.calls[name + '/block'], input_hw)
+                 recorder.calls[name + '/block'])
         for name, stage, block, module, parent in found
     ]
+    settle_strides(sites, inputs.shape[-2:])
     return sorted(sites, key=lambda s: (s.stage, s.block))
 
 
@@ -636,16 +654,13 @@ def collect_softmax_sites(backbone: nn.Module, inputs: torch.Tensor) -> List[Sit
         else:
             recorder.pre(module.attn, name + '/mha')
     recorder.run(backbone, inputs)
-    input_hw = tuple(inputs.shape[-2:])
     sites = []
     for kind, name, module in sorted(found, key=lambda f: recorder.order[f[1]]):
         call = recorder.calls[name]
         if kind == 'window':
-            site = SoftmaxWindowSite(name, module, call, recorder.calls[name + '/softmax'],
-                                     input_hw)
+            site = SoftmaxWindowSite(name, module, call, recorder.calls[name + '/softmax'])
         else:
-            site = SoftmaxSRASite(name, module, call, recorder.calls[name + '/mha'],
-                                  input_hw)
+            site = SoftmaxSRASite(name, module, call, recorder.calls[name + '/mha'])
         sites.append(site)
     stage, block = -1, 0
     for i, site in enumerate(sites):
@@ -653,6 +668,7 @@ def collect_softmax_sites(backbone: nn.Module, inputs: torch.Tensor) -> List[Sit
             stage, block = stage + 1, 0
         site.stage, site.block = stage, block
         block += 1
+    settle_strides(sites, inputs.shape[-2:])
     return sites
 
 
@@ -903,11 +919,9 @@ def main(argv: Optional[List[str]] = None) -> dict:
     written = dict(blocks=[])
     blocks = []
     for site in sites:
+        # the same stage and depth; grids may differ by a token where one backbone
+        # pads and the other drops a remainder: points map through pixels
         base = baseline_sites.get((site.stage, site.block))
-        if base is not None and base.stage_hw != site.stage_hw:
-            warnings.warn(f'{base.name}: baseline grid {base.stage_hw} differs from '
-                          f'{site.name} grid {site.stage_hw}; not drawn beside it')
-            base = None
         cells = point_cells(points_input, site)
         maps = site.maps(cells)
         base_maps = base.maps(point_cells(points_input, base)) if base else None
