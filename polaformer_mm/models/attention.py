@@ -4,7 +4,6 @@ used by 'S' stages (PVT spatial-reduction attention, Swin window attention).
 The computation of :class:`PolaLinearAttention` is written up in
 ``docs/method.md``.
 """
-import math
 from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
@@ -13,7 +12,7 @@ import torch.nn.functional as F
 from mmengine.registry import MODELS
 from torch import Tensor
 
-from ..ops import pola_linear_attention
+from ..ops import check_alpha, pola_linear_attention
 from .utils import nchw_to_nlc, nlc_to_nchw, pad_to_multiple, resize_token_grid
 
 FAMILIES = ('pvt', 'swin')
@@ -35,14 +34,6 @@ def head_dims(embed_dims: int, num_heads: int) -> int:
         raise ValueError(f'embed_dims {embed_dims} is not divisible by '
                          f'num_heads {num_heads}')
     return embed_dims // num_heads
-
-
-def check_alpha(alpha: float) -> float:
-    """The Pola exponent is ``1 + alpha * sigmoid(power)``: alpha finite and > 0."""
-    alpha = float(alpha)
-    if not math.isfinite(alpha) or alpha <= 0:
-        raise ValueError(f'alpha must be finite and > 0, got {alpha}')
-    return alpha
 
 
 class SpatialReduction(nn.Module):

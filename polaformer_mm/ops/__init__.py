@@ -1,9 +1,10 @@
-from .pola_attention import (BACKENDS, pola_linear_attention, pola_linear_attention_naive,
-                             pola_linear_attention_reference, polarity_features,
-                             set_default_backend)
+from .attention_weights import attention_entropy, pola_attention_weights
+from .pola_attention import (BACKENDS, check_alpha, pola_exponent, pola_linear_attention,
+                             pola_linear_attention_naive, pola_linear_attention_reference,
+                             polarity_features, set_default_backend)
 
 __all__ = [
     'BACKENDS', 'pola_linear_attention', 'pola_linear_attention_naive',
-    'pola_linear_attention_reference', 'polarity_features', 'set_default_backend'
+    'pola_linear_attention_reference', 'polarity_features', 'set_default_backend',
+    'pola_exponent', 'check_alpha', 'pola_attention_weights', 'attention_entropy'
 ]
-from .attention_weights import attention_entropy, pola_attention_weights, pola_exponent  # noqa

@@ -15,12 +15,11 @@ computes without forming any weights, written out for ``m`` queries only: the co
 O(m n d) time and O(m n) memory, never N x n for all queries at once.
 
 Overflow. ``relu(x) ** p`` with p up to ``1 + alpha`` grows quickly, and a score is a sum
-of products of two such features. The features are therefore formed in the log domain
-and rescaled before any product: every query row by the largest of its 2d features,
-every head's keys by their largest feature. A row's weights are unchanged by a common
-positive factor of its scores except through the ``n * eps`` term; that term is
-rescaled by exactly the same factors (it becomes ``n * eps / (c_q c_k)``), so the result
-equals the unscaled formula, and no intermediate exceeds 2d (queries) times n (keys).
+of products of two such features. The features are therefore the op's rescaled ones
+(every query row divided by its largest feature, every head's keys by theirs, formed in
+the log domain). A row's weights are unchanged by a common positive factor of its scores
+except through the ``n * eps`` term, which is rescaled by exactly the same factors, as
+the op does, so the result equals the unscaled formula.
 
 Rows sum to ``S / (S + n * eps)`` with ``S`` the row's unnormalised score sum, i.e. to 1
 up to ``n * eps / S``; :func:`attention_entropy` renormalises each row to sum to 1.
@@ -30,33 +29,9 @@ from typing import Tuple, Union
 import torch
 from torch import Tensor
 
-__all__ = ['pola_attention_weights', 'pola_exponent', 'attention_entropy']
+from .pola_attention import _scaled_eps, _scaled_features, check_alpha, pola_exponent
 
-
-def pola_exponent(power: Tensor, alpha: float = 4.0) -> Tensor:
-    """The learned exponent ``p = 1 + alpha * sigmoid(power)``; ``power = -inf``
-    gives exactly ``p = 1``.
-
-    Args:
-        power (Tensor): The raw ``power`` parameter of a Pola module, (1, h, 1, d).
-        alpha (float): The module's ``alpha``. Default: 4.0.
-    """
-    return 1 + alpha * torch.sigmoid(power)
-
-
-def _log_features(x: Tensor, exponent: Tensor) -> Tensor:
-    """``log([relu(x) ** p, relu(-x) ** p])`` along the last axis (-inf where a
-    feature is 0)."""
-    log_magnitude = torch.log(x.abs()) * exponent
-    minus_inf = log_magnitude.new_tensor(float('-inf'))
-    return torch.cat([
-        torch.where(x > 0, log_magnitude, minus_inf),
-        torch.where(x < 0, log_magnitude, minus_inf)
-    ], dim=-1)
-
-
-def _finite_or_zero(x: Tensor) -> Tensor:
-    return torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+__all__ = ['pola_attention_weights', 'attention_entropy']
 
 
 def pola_attention_weights(q_rows: Tensor,
@@ -82,7 +57,8 @@ def pola_attention_weights(q_rows: Tensor,
             for a per-entry value (windows with padding). Default: 1e-6.
 
     Returns:
-        tuple[Tensor, Tensor]: ``(w_sim, w_opp)``, each (B, h, m, n).
+        tuple[Tensor, Tensor]: ``(w_sim, w_opp)``, each (B, h, m, n), without
+        gradients (for analysis; the op itself is what training differentiates).
     """
     if q_rows.dim() != 4 or k.dim() != 4:
         raise ValueError('pola_attention_weights expects q_rows (B,h,m,d) and k '
@@ -96,26 +72,23 @@ def pola_attention_weights(q_rows: Tensor,
         raise ValueError('pola_attention_weights got zero keys (n == 0)')
     dtype = q_rows.dtype
     k = k.to(dtype)
-    exponent = pola_exponent(power.to(device=q_rows.device, dtype=dtype), alpha)
+    exponent = pola_exponent(power.to(device=q_rows.device, dtype=dtype), check_alpha(alpha))
     if exponent.dim() != 4 or exponent.shape[1] not in (1, h) or exponent.shape[3] not in (
             1, d):
         raise ValueError(f'power shape {tuple(power.shape)} must broadcast to '
                          f'(1,{h},1,{d})')
 
-    log_q = _log_features(q_rows, exponent)  # (B,h,m,2d): [q+, q-]
-    log_k = _log_features(k, exponent)  # (B,h,n,2d): [k+, k-]
-    q_max = _finite_or_zero(log_q.amax(dim=-1, keepdim=True))  # (B,h,m,1)
-    k_max = _finite_or_zero(log_k.amax(dim=(-2, -1), keepdim=True))  # (B,h,1,1)
-    q_same = torch.exp(log_q - q_max)  # [q+, q-] / c_q
-    q_opposite = torch.cat([q_same[..., d:], q_same[..., :d]], dim=-1)  # [q-, q+]
-    keys = torch.exp(log_k - k_max).transpose(-2, -1)  # [k+, k-]^T / c_k
-
-    if not torch.is_tensor(eps):
-        eps = torch.tensor(float(eps), dtype=dtype, device=q_rows.device)
-    eps = eps.to(device=q_rows.device, dtype=dtype)
-    # n * eps in the rescaled units; exp may overflow to inf, which is the limit
-    # (the true weights are then below the smallest float of the dtype)
-    eps_term = n * eps * torch.exp(-(q_max + k_max))
+    # the op's rescaled features: [q+, q-] * exp(-M_q) per row, [k+, k-] * exp(-M_k)
+    # per head, and its eps in the same units
+    with torch.no_grad():
+        q_planes, shift_q = _scaled_features(q_rows, exponent, per_row=True)
+        k_planes, shift_k = _scaled_features(k, exponent, per_row=False)
+    q_same = torch.cat([q_planes[0], q_planes[1]], dim=-1)  # (B,h,m,2d)
+    q_opposite = torch.cat([q_planes[1], q_planes[0]], dim=-1)
+    keys = torch.cat([k_planes[0], k_planes[1]], dim=-1).transpose(-2, -1)  # (B,h,2d,n)
+    if torch.is_tensor(eps):
+        eps = eps.detach().to(device=q_rows.device, dtype=dtype)
+    eps_term = n * _scaled_eps(eps, shift_q, shift_k)  # (B,h,m,1)
 
     weights = []
     for queries in (q_same, q_opposite):

@@ -64,6 +64,7 @@ from torch import Tensor
 __all__ = [
     'pola_linear_attention', 'pola_linear_attention_reference',
     'pola_linear_attention_naive', 'polarity_features', 'set_default_backend',
+    'pola_exponent', 'check_alpha',
     'BACKENDS'
 ]
 
@@ -91,7 +92,8 @@ def set_default_backend(backend: str) -> str:
     return previous
 
 
-def _check_alpha(alpha) -> float:
+def check_alpha(alpha) -> float:
+    """``alpha`` as a float; a ValueError unless it is a finite number > 0."""
     if (isinstance(alpha, bool) or not isinstance(alpha, numbers.Real)
             or not math.isfinite(alpha) or alpha <= 0):
         raise ValueError('pola_linear_attention: alpha must be a finite number > 0 '
@@ -132,10 +134,17 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha,
           or not math.isfinite(eps) or eps <= 0):
         raise ValueError(f'pola_linear_attention: eps must be a finite number > 0 or '
                          f'a tensor broadcastable to (B,h,1,1); got {eps!r}')
-    return _check_alpha(alpha)
+    return check_alpha(alpha)
 
 
-def _exponent(power: Tensor, alpha: float) -> Tensor:
+def pola_exponent(power: Tensor, alpha: float = 4.0) -> Tensor:
+    """The learned exponent ``p = 1 + alpha * sigmoid(power)`` (``power = -inf`` gives
+    exactly ``p = 1``).
+
+    Args:
+        power (Tensor): The raw ``power`` parameter of a Pola module, (1, h, 1, d).
+        alpha (float): The module's ``alpha``. Default: 4.0.
+    """
     return 1 + alpha * torch.sigmoid(power)
 
 
@@ -291,7 +300,7 @@ class _PolaAttentionFunction(torch.autograd.Function):
                 eps: EpsType) -> Tensor:
         d, n = q.shape[-1], k.shape[-2]
         d1 = _value_split(d)
-        p = _exponent(power, alpha)
+        p = pola_exponent(power, alpha)
         kf, shift_k = _scaled_features(k, p, per_row=False)
         kv = _planes_t_times(kf, v).div_(n)  # [k+, k-]^T v / n
         k_mean = kf.mean(dim=-2).permute(1, 2, 0, 3).reshape(kv.shape[:-1])
@@ -328,7 +337,7 @@ class _PolaAttentionFunction(torch.autograd.Function):
         alpha = ctx.alpha
         d, n = q.shape[-1], k.shape[-2]
         d1 = _value_split(d)
-        p = _exponent(power, alpha)
+        p = pola_exponent(power, alpha)
         grad_out = grad_out.to(q.dtype)
 
         # Queries: recompute num and the denominators. out_c = num_c z (z = 1 / the
@@ -509,7 +518,7 @@ def pola_linear_attention_reference(q: Tensor,
     """
     alpha = _check_inputs(q, k, v, power, alpha, eps)
     n, d1 = k.shape[-2], _value_split(q.shape[-1])
-    p = _exponent(power, alpha)
+    p = pola_exponent(power, alpha)
     q_pos, q_neg = polarity_features(q, p)
     keys = torch.cat(polarity_features(k, p), dim=-1)
     v1, v2 = v[..., :d1], v[..., d1:]

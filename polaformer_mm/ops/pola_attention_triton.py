@@ -20,7 +20,7 @@ from typing import Tuple
 import torch
 from torch import Tensor
 
-from .pola_attention import (EpsType, _assemble_summary, _exponent, _summary_grads,
+from .pola_attention import (EpsType, _assemble_summary, pola_exponent, _summary_grads,
                              _value_split)
 
 try:
@@ -110,7 +110,7 @@ class _PolaAttentionTriton(torch.autograd.Function):
         bh = B * h
         device = q.device
         meta = _meta(d, device)
-        p = _exponent(power.detach().float(), alpha).reshape(h, d).contiguous()
+        p = pola_exponent(power.detach().float(), alpha).reshape(h, d).contiguous()
         eps_bh = _eps_per_head(eps, B, h, device)
 
         rows, splits = _splits(n, bh, device)
@@ -144,7 +144,7 @@ class _PolaAttentionTriton(torch.autograd.Function):
         bh = B * h
         device = q.device
         meta = _meta(d, device)
-        p = _exponent(power.detach().float(), ctx.alpha).reshape(h, d).contiguous()
+        p = pola_exponent(power.detach().float(), ctx.alpha).reshape(h, d).contiguous()
 
         g_q = torch.empty_like(q)
         rows, splits = _splits(N, bh, device)

@@ -298,8 +298,8 @@ def test_swin_base_384_official_layout(golden_dir, form):
                     mlp_ratios=[1] * 4, sr_ratios=[1] * 4)), r'arch depths'),
     (dict(pretrain_img_size=8), r'pretrain_img_size=\(8, 8\) is too small'),
     (dict(la_sr_ratios=(8, 8, 8, 8)), r'la_sr_ratios\[3\]=8 exceeds stage 3'),
-    (dict(alpha=float('nan')), r'alpha must be finite and > 0'),
-    (dict(alpha=-0.5), r'alpha must be finite and > 0'),
+    (dict(alpha=float('nan')), r'alpha must be a finite number > 0'),
+    (dict(alpha=-0.5), r'alpha must be a finite number > 0'),
     (dict(kernel_size=4), r'kernel_size odd'),
     (dict(drop_path_rate=1.5), r'drop_path_rate must be in \[0, 1\)'),
 ])
@@ -318,7 +318,7 @@ def test_pvt_arguments_are_checked_at_construction(kwargs, match):
      r'arch num_heads must be a list'),
     (dict(arch=dict(embed_dims=16, depths=[1] * 4, num_heads=[1, 2, 3, 4])),
      r'not divisible'),
-    (dict(alpha=0), r'alpha must be finite and > 0'),
+    (dict(alpha=0), r'alpha must be a finite number > 0'),
     (dict(mlp_ratio=0), r'mlp_ratio must be > 0'),
 ])
 def test_swin_arguments_are_checked_at_construction(kwargs, match):
