@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from mmengine.registry import MODELS
 from torch import Tensor
 
-from ..ops import check_alpha, pola_linear_attention
+from ..ops import check_alpha, depthwise_conv2d, pola_linear_attention
 from .utils import nchw_to_nlc, nlc_to_nchw, pad_to_multiple, resize_token_grid
 
 FAMILIES = ('pvt', 'swin')
@@ -234,8 +234,10 @@ class PolaLinearAttention(nn.Module):
             v = F.interpolate(
                 v.transpose(-2, -1).reshape(B * h, d, n), size=N, mode='linear')
             v = v.reshape(B, h, d, N).transpose(-2, -1)
-        v = v.reshape(B * h, H, W, d).permute(0, 3, 1, 2)
-        v = self.dwc(v).reshape(B, C, N).transpose(1, 2)
+        v = v.reshape(B * h, H, W, d).permute(0, 3, 1, 2)  # channels-last layout
+        v = depthwise_conv2d(v, self.dwc.weight, self.dwc.bias)
+        # (B*h, d, H, W) -> (B, N, h*d), channel index head * d + j
+        v = v.permute(0, 2, 3, 1).reshape(B, h, N, d).transpose(1, 2).reshape(B, N, C)
 
         out = self.proj((out + v) * g)
         return self.proj_drop(out)
