@@ -29,6 +29,10 @@ def parse_args(argv=None):
     p.add_argument('--wait-time', type=float, default=2, help='seconds between shown images')
     p.add_argument('--cfg-options', nargs='+', action=DictAction,
                    help='override config keys')
+    p.add_argument('--allow-partial', action='store_true',
+                   help='load a checkpoint that does not fit the model (only what fits; '
+                   'the log names the rest); default: such a checkpoint is an error. '
+                   'Config key: allow_partial_load')
     p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
     p.add_argument('--local_rank', '--local-rank', type=int, default=None)
     return p.parse_args(argv)
@@ -40,7 +44,8 @@ def main(argv=None):
     cfg = entry.load_config(args.config, args.cfg_options)
     entry.prepare_test_config(cfg, args.config, args.checkpoint, work_dir=args.work_dir,
                               out=args.out, show=args.show, show_dir=args.show_dir,
-                              wait_time=args.wait_time, launcher=args.launcher)
+                              wait_time=args.wait_time, launcher=args.launcher,
+                              allow_partial=args.allow_partial)
     succeeded = False
     try:
         runner = entry.build_runner(cfg)

@@ -31,6 +31,10 @@ def parse_args(argv=None):
                    help='scale the lr by the real batch size (auto_scale_lr in the config)')
     p.add_argument('--cfg-options', nargs='+', action=DictAction,
                    help='override config keys, e.g. train_cfg.max_epochs=1')
+    p.add_argument('--allow-partial', action='store_true',
+                   help='load a checkpoint that does not fit the model (only what fits; '
+                   'the log names the rest); default: such a checkpoint is an error. '
+                   'Config key: allow_partial_load')
     p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
     p.add_argument('--local_rank', '--local-rank', type=int, default=None)
     return p.parse_args(argv)
@@ -42,7 +46,7 @@ def main(argv=None):
     cfg = entry.load_config(args.config, args.cfg_options)
     entry.prepare_train_config(cfg, args.config, work_dir=args.work_dir, resume=args.resume,
                                amp=args.amp, auto_scale_lr=args.auto_scale_lr,
-                               launcher=args.launcher)
+                               launcher=args.launcher, allow_partial=args.allow_partial)
     succeeded = False
     try:
         runner = entry.build_runner(cfg)
