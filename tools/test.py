@@ -2,7 +2,10 @@
 """Evaluate a checkpoint with any config of this project.
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out FILE] [--show]
-                         [--show-dir DIR] [--cfg-options k=v ...] [--launcher ...]
+                         [--show-dir DIR] [--allow-partial] [--cfg-options k=v ...]
+                         [--launcher ...]
+
+The checkpoint must fit the model (every key, every shape); --allow-partial loads what fits.
 
 --out: detection/classification results as a .pkl; segmentation: a folder of
 prediction PNGs. --show-dir: images with predictions drawn.

@@ -41,8 +41,8 @@ from mmengine.runner.checkpoint import CheckpointLoader, load_from_local
 
 __all__ = [
     'CheckpointError', 'HistoryBufferStandIn', 'allowed_globals', 'atomic_save',
-    'is_local_checkpoint', 'load_checkpoint', 'replace_file', 'require_checkpoint',
-    'safe_load_scope'
+    'atomic_write', 'is_local_checkpoint', 'load_checkpoint', 'replace_file',
+    'require_checkpoint', 'safe_load_scope'
 ]
 
 _FORCE_WEIGHTS_ONLY = 'TORCH_FORCE_WEIGHTS_ONLY_LOAD'

@@ -14,6 +14,7 @@ import sys
 import textwrap
 import time
 
+import pytest
 import torch
 
 from .._smoke import synthetic_root
@@ -111,3 +112,45 @@ def test_kill_during_checkpoint_write_then_resume(tmp_path):
     names = sorted(n for n in os.listdir(work_dir) if n.endswith('.pth') or '.tmp-' in n)
     assert names == ['epoch_2.pth'], names  # max_keep_ckpts=1; the half file is cleaned up
     assert (work_dir / 'last_checkpoint').read_text().strip().endswith('epoch_2.pth')
+
+
+def test_best_checkpoint_is_replaced_only_after_the_new_one_is_written(tmp_path, monkeypatch):
+    """mmengine deletes the previous best checkpoint before it writes the new one; a write
+    that fails then leaves no best checkpoint at all."""
+    from mmengine.fileio.backends.local_backend import LocalBackend
+
+    from polaformer_mm.engine import PolaCheckpointHook, entry
+
+    from .._smoke import smoke_config
+    seg = osp.join(REPO, 'configs/quickstart/fpn_pola-pvt-t_synthetic-seg.py')
+    cfg = smoke_config(entry.load_config(seg), synthetic_root(tmp_path), tmp_path / 'wd')
+    cfg.default_hooks.checkpoint = dict(type='CheckpointHook', interval=1, by_epoch=False,
+                                        max_keep_ckpts=1, save_best='mIoU', rule='greater')
+    runner = entry.build_runner(cfg)
+    hook = next(h for h in runner.hooks if isinstance(h, PolaCheckpointHook))
+    hook.before_train(runner)
+    wd = tmp_path / 'wd'
+
+    runner.train_loop._iter = 1
+    hook._save_best_checkpoint(runner, {'mIoU': 10.0})
+    assert (wd / 'best_mIoU_iter_1.pth').is_file()
+
+    put = LocalBackend.put
+
+    def failing_put(self, obj, filepath):
+        if 'best_mIoU_iter_2' in str(filepath):
+            raise OSError('disk full')
+        return put(self, obj, filepath)
+
+    monkeypatch.setattr(LocalBackend, 'put', failing_put)
+    runner.train_loop._iter = 2
+    with pytest.raises(OSError, match='disk full'):
+        hook._save_best_checkpoint(runner, {'mIoU': 20.0})
+    monkeypatch.setattr(LocalBackend, 'put', put)
+    assert _loads(wd / 'best_mIoU_iter_1.pth')['meta']['iter'] == 1  # still there
+    assert not [n for n in os.listdir(wd) if 'iter_2' in n]  # no half file either
+
+    runner.train_loop._iter = 3
+    hook._save_best_checkpoint(runner, {'mIoU': 30.0})
+    assert (wd / 'best_mIoU_iter_3.pth').is_file()
+    assert not (wd / 'best_mIoU_iter_2.pth').exists()
