@@ -26,7 +26,7 @@ and names are looked up in that listing. Of the segmentation maps only a sample 
 (``seg_sample`` maps evenly spread over the dataset, 64 by default; ``None``: all), so
 "classes never seen" is about that sample for mmseg.
 
-Errors stop ``tools/train.py`` before anything is built (:class:`DatasetCheckError`,
+Errors in the train / val datasets stop ``tools/train.py`` before anything is built (:class:`DatasetCheckError`,
 whose message is the report); ``--skip-dataset-check`` or ``skip_dataset_check = True``
 in the config turns the check off.
 """
@@ -598,8 +598,9 @@ def format_reports(reports: Sequence[DatasetReport], title: str = '') -> str:
 
 def check_before_training(cfg, seg_sample: Optional[int] = 64, verbose: bool = True
                           ) -> List[DatasetReport]:
-    """Run :func:`check_datasets` for ``tools/train.py``: print the report (on rank 0
-    of a distributed launch) and raise :class:`DatasetCheckError` on errors.
+    """Run :func:`check_datasets` on the datasets training uses (train and val) for
+    ``tools/train.py``: print the report (on rank 0 of a distributed launch) and raise
+    :class:`DatasetCheckError` on errors.
 
     Args:
         cfg (Config): the training config.
@@ -609,7 +610,7 @@ def check_before_training(cfg, seg_sample: Optional[int] = 64, verbose: bool = T
     Returns:
         list[DatasetReport]: the reports.
     """
-    reports = check_datasets(cfg, seg_sample=seg_sample)
+    reports = check_datasets(cfg, seg_sample=seg_sample, splits=('train', 'val'))
     text = format_reports(reports)
     if any(r.errors for r in reports):
         raise DatasetCheckError(
