@@ -26,9 +26,9 @@ and names are looked up in that listing. Of the segmentation maps only a sample 
 (``seg_sample`` maps evenly spread over the dataset, 64 by default; ``None``: all), so
 "classes never seen" is about that sample for mmseg.
 
-Errors in the train / val datasets stop ``tools/train.py`` before anything is built (:class:`DatasetCheckError`,
-whose message is the report); ``--skip-dataset-check`` or ``skip_dataset_check = True``
-in the config turns the check off.
+Errors in the train / val datasets stop ``tools/train.py`` before anything is built
+(:class:`DatasetCheckError`, whose message is the report); ``--skip-dataset-check`` or
+``skip_dataset_check = True`` in the config turns the check off.
 """
 import gc
 import json
@@ -526,11 +526,12 @@ def check_datasets(cfg, seg_sample: Optional[int] = 64,
     """
     import importlib
 
-    from mmengine.registry import DATASETS, init_default_scope
+    from mmengine.registry import init_default_scope
     scope = cfg.get('default_scope')
     if scope:
         init_default_scope(scope)
-        DATASETS = importlib.import_module(f'{scope}.registry').DATASETS  # noqa: N806
+    registry = importlib.import_module(f'{scope}.registry' if scope else 'mmengine.registry')
+    registry = registry.DATASETS
     reports, done = [], []
     for split in splits:
         loader = cfg.get(f'{split}_dataloader')
@@ -544,7 +545,7 @@ def check_datasets(cfg, seg_sample: Optional[int] = 64,
             done.append(key)
             report = DatasetReport(name)
             ds_type = ds_cfg.get('type')
-            cls = DATASETS.get(ds_type) if isinstance(ds_type, str) else ds_type
+            cls = registry.get(ds_type) if isinstance(ds_type, str) else ds_type
             ds_cfg = _plain(ds_cfg)
             start = time.perf_counter()
             # millions of short-lived objects without cycles (a COCO file): the cyclic

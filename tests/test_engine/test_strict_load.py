@@ -74,7 +74,8 @@ def files(det_runner, data_root, golden_dir, tmp_path_factory):
 
 @pytest.mark.parametrize('kind,cause,named', [
     ('resnet18', r'no key matches: a checkpoint of another architecture', 'layer1.0.conv1'),
-    ('segmentor', r'a segmentation checkpoint \(decode_head\) for a detection model', 'decode_head'),
+    ('segmentor', r'a segmentation checkpoint \(decode_head\) for a detection model',
+     'decode_head'),
     ('backbone', r'a backbone-only file .*init_cfg', 'rpn_head'),
     ('bare_backbone', r'a backbone-only file \(keys without the backbone\. prefix\)',
      'patch_embed'),
@@ -173,4 +174,3 @@ def test_bad_checkpoint_file_is_named_without_unsafe_hint(det_runner, tmp_path, 
     assert str(path) in str(info.value) and expected in str(info.value)
     shown = ''.join(traceback.format_exception(info.value))
     assert 'weights_only' not in shown
-

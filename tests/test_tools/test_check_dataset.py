@@ -74,7 +74,7 @@ def test_empty_segmentation_stops_training_with_the_report(root):
     reports = check_datasets(_cfg(DET, root))
     report, text = _findings(reports, 'train_dataloader.dataset')
     assert len(report.errors) == 1, text
-    assert f"empty or missing segmentation" in text and "KeyError: 'mask'" in text
+    assert 'empty or missing segmentation' in text and "KeyError: 'mask'" in text
     assert f"{name} (annotation {ann['id']})" in text
     with pytest.raises(DatasetCheckError, match='would stop training') as info:
         check_before_training(_cfg(DET, root), verbose=False)
