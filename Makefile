@@ -5,11 +5,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.polaformer_mm-installed
+HOOK := $(VENV)/.polaformer_mm-startup-hook
 PYTEST_ARGS ?=
 
 .PHONY: install test quickstart clean-venv
 
-install: $(STAMP)
+install: $(STAMP) $(HOOK)
 
 $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) and "the tested stack needs Python 3.11; set PYTHON=/path/to/python3.11")'
@@ -25,6 +26,13 @@ $(STAMP): $(PY) requirements/build.txt requirements/runtime.txt requirements/tes
 	  $(PIP) install --no-build-isolation --no-deps -e .
 	$(PY) -c "import polaformer_mm, mmcv.ops, mmdet.models, mmseg.models, mmpretrain.models, mim; print('stack ok')"
 	touch $(STAMP)
+
+# a start-up hook in the venv: torchvision, mmdet, mmseg import in any order beside
+# polaformer_mm (polaformer_mm/utils/startup_hook.py; rewritten when that file changes)
+$(HOOK): $(STAMP) polaformer_mm/utils/startup_hook.py
+	$(PY) polaformer_mm/utils/startup_hook.py
+	$(PY) -c "import mmdet.models, mmseg.apis, polaformer_mm; print('import order ok')"
+	touch $(HOOK)
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)

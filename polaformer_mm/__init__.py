@@ -7,7 +7,7 @@ MODELS registry, which mmdet, mmseg and mmpretrain registries all fall back to, 
 """
 from .utils.torchvision_compat import ensure_torchvision_importable
 
-ensure_torchvision_importable()  # before anything imports torchvision
+ensure_torchvision_importable(warn=True)  # before anything imports torchvision
 
 from .models import PolaLinearAttention, PolaPVT, PolaSwin  # noqa: E402
 from .engine import PolaRunner, ResumableStateHook  # noqa: E402

@@ -2,7 +2,10 @@
 """Evaluate a checkpoint with any config of this project.
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out FILE] [--show]
-                         [--show-dir DIR] [--tta] [--cfg-options k=v ...] [--launcher ...]
+                         [--show-dir DIR] [--tta] [--allow-partial] [--cfg-options k=v ...]
+                         [--launcher ...]
+
+The checkpoint must fit the model (every key, every shape); --allow-partial loads what fits.
 
 --out: detection/classification results as a .pkl; segmentation: a folder of
 prediction PNGs. --show-dir: images with predictions drawn. --tta: test-time
@@ -34,6 +37,10 @@ def parse_args(argv=None):
                    '(ADE20K: multi-scale + flip; COCO box detectors: flip)')
     p.add_argument('--cfg-options', nargs='+', action=DictAction,
                    help='override config keys')
+    p.add_argument('--allow-partial', action='store_true',
+                   help='load a checkpoint that does not fit the model (only what fits; '
+                   'the log names the rest); default: such a checkpoint is an error. '
+                   'Config key: allow_partial_load')
     p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
     p.add_argument('--local_rank', '--local-rank', type=int, default=None)
     return p.parse_args(argv)
@@ -46,7 +53,7 @@ def main(argv=None):
     entry.prepare_test_config(cfg, args.config, args.checkpoint, work_dir=args.work_dir,
                               out=args.out, show=args.show, show_dir=args.show_dir,
                               wait_time=args.wait_time, launcher=args.launcher,
-                              tta=args.tta)
+                              tta=args.tta, allow_partial=args.allow_partial)
     succeeded = False
     try:
         runner = entry.build_runner(cfg)

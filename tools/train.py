@@ -2,8 +2,11 @@
 """Train a detector, segmentor or classifier from any config of this project.
 
     python tools/train.py CONFIG [--work-dir DIR] [--resume [CKPT]] [--amp]
-                                 [--auto-scale-lr] [--cfg-options k=v ...]
-                                 [--launcher {none,pytorch,slurm,mpi}]
+                                 [--auto-scale-lr] [--allow-partial] [--skip-dataset-check]
+                                 [--cfg-options k=v ...] [--launcher {none,pytorch,slurm,mpi}]
+
+Before anything is built the config's datasets are checked (tools/misc/check_dataset.py);
+problems that would stop training end the run with that report.
 
 Multi-process: tools/dist_train.sh CONFIG NPROC (torchrun; works on CPUs with gloo).
 """
@@ -16,6 +19,8 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 import polaformer_mm  # noqa: E402,F401  (before torchvision; registers the runner)
 from mmengine.config import DictAction  # noqa: E402
 from polaformer_mm.engine import entry  # noqa: E402
+from polaformer_mm.engine.dataset_check import (DatasetCheckError,  # noqa: E402
+                                                check_before_training)
 
 
 def parse_args(argv=None):
@@ -31,6 +36,13 @@ def parse_args(argv=None):
                    help='scale the lr by the real batch size (auto_scale_lr in the config)')
     p.add_argument('--cfg-options', nargs='+', action=DictAction,
                    help='override config keys, e.g. train_cfg.max_epochs=1')
+    p.add_argument('--allow-partial', action='store_true',
+                   help='load a checkpoint that does not fit the model (only what fits; '
+                   'the log names the rest); default: such a checkpoint is an error. '
+                   'Config key: allow_partial_load')
+    p.add_argument('--skip-dataset-check', action='store_true',
+                   help='do not check the datasets before training '
+                   '(config key: skip_dataset_check)')
     p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
     p.add_argument('--local_rank', '--local-rank', type=int, default=None)
     return p.parse_args(argv)
@@ -42,7 +54,9 @@ def main(argv=None):
     cfg = entry.load_config(args.config, args.cfg_options)
     entry.prepare_train_config(cfg, args.config, work_dir=args.work_dir, resume=args.resume,
                                amp=args.amp, auto_scale_lr=args.auto_scale_lr,
-                               launcher=args.launcher)
+                               launcher=args.launcher, allow_partial=args.allow_partial)
+    if not (args.skip_dataset_check or cfg.get('skip_dataset_check', False)):
+        check_before_training(cfg)
     succeeded = False
     try:
         runner = entry.build_runner(cfg)
@@ -53,4 +67,7 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    main()
+    try:
+        main()
+    except DatasetCheckError as err:  # the report, without a traceback
+        sys.exit(str(err))

@@ -1,6 +1,7 @@
-from .checkpoint_io import restore_runner_state, runner_checkpoint_globals, to_weights_only_safe
-from .hooks import ResumableStateHook
+from .checkpoint_fit import CheckpointMismatchError, check_checkpoint_fits
+from .hooks import PolaCheckpointHook, ResumableStateHook
 from .runner import PolaRunner
+from .runner_state import restore_runner_state, to_weights_only_safe
 
-__all__ = ['PolaRunner', 'ResumableStateHook', 'runner_checkpoint_globals',
-           'to_weights_only_safe', 'restore_runner_state']
+__all__ = ['PolaRunner', 'PolaCheckpointHook', 'ResumableStateHook', 'CheckpointMismatchError',
+           'check_checkpoint_fits', 'to_weights_only_safe', 'restore_runner_state']

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 from mmengine.config import Config, ConfigDict
 
-from .checkpoint_io import require_checkpoint
+from ..utils.checkpoint_io import require_checkpoint
 
 TASKS = ('mmdet', 'mmseg', 'mmpretrain')
 
@@ -36,8 +36,11 @@ def load_config(path: str, cfg_options: Optional[dict] = None) -> Config:
     return cfg
 
 
-def _common(cfg: Config, config_path: str, work_dir: Optional[str], launcher: str) -> None:
+def _common(cfg: Config, config_path: str, work_dir: Optional[str], launcher: str,
+            allow_partial: bool = False) -> None:
     cfg.launcher = launcher
+    if allow_partial:
+        cfg.allow_partial_load = True
     if work_dir is not None:
         cfg.work_dir = work_dir
     elif cfg.get('work_dir') is None:
@@ -47,13 +50,14 @@ def _common(cfg: Config, config_path: str, work_dir: Optional[str], launcher: st
 
 def prepare_train_config(cfg: Config, config_path: str, work_dir: Optional[str] = None,
                          resume=None, amp: bool = False, auto_scale_lr: bool = False,
-                         launcher: str = 'none') -> Config:
+                         launcher: str = 'none', allow_partial: bool = False) -> Config:
     """Apply the command-line choices of ``tools/train.py`` to ``cfg``.
 
     ``resume``: None (no resume), 'auto' (latest checkpoint of the work dir, if any) or a
-    checkpoint path.
+    checkpoint path. ``allow_partial``: ``load_from`` / ``--resume`` load only what fits
+    (``allow_partial_load=True``) instead of stopping on a checkpoint that does not fit.
     """
-    _common(cfg, config_path, work_dir, launcher)
+    _common(cfg, config_path, work_dir, launcher, allow_partial)
     if amp:
         if not torch.cuda.is_available():
             raise RuntimeError('--amp needs a CUDA device (mmengine AmpOptimWrapper)')
@@ -82,14 +86,16 @@ def prepare_test_config(cfg: Config, config_path: str, checkpoint: str,
                         work_dir: Optional[str] = None, out: Optional[str] = None,
                         show: bool = False, show_dir: Optional[str] = None,
                         wait_time: float = 2., launcher: str = 'none',
-                        tta: bool = False) -> Config:
+                        tta: bool = False,
+                        allow_partial: bool = False) -> Config:
     """Apply the command-line choices of ``tools/test.py`` to ``cfg``.
 
     ``tta``: test with the config's ``tta_model`` / ``tta_pipeline`` (see
-    :func:`enable_tta`).
+    :func:`enable_tta`). ``allow_partial``: load a checkpoint that does not fit the
+    model (see :mod:`.checkpoint_fit`).
     """
     require_checkpoint(checkpoint, 'checkpoint file')
-    _common(cfg, config_path, work_dir, launcher)
+    _common(cfg, config_path, work_dir, launcher, allow_partial)
     cfg.load_from = checkpoint
     task = task_of(cfg)
     if tta:

@@ -1,13 +1,16 @@
 """Hooks the project's runner installs."""
+import os.path as osp
 import random
+from typing import Iterable, List, Tuple
 
 import numpy as np
 import torch
-from mmengine.dist import all_gather_object, get_rank, get_world_size
-from mmengine.hooks import Hook
+from mmengine.dist import all_gather_object, get_rank, get_world_size, is_main_process
+from mmengine.hooks import CheckpointHook, Hook
 from mmengine.registry import HOOKS
 
-from .checkpoint_io import to_weights_only_safe
+from ..utils.checkpoint_io import atomic_write
+from .runner_state import to_weights_only_safe
 
 
 def _rng_state() -> dict:
@@ -84,3 +87,103 @@ class ResumableStateHook(Hook):
         if self._pending is not None:
             _set_rng_state(self._pending)
             self._pending = None
+
+
+class _DeferredRemoval:
+    """Wraps a file backend; ``remove`` / ``rmtree`` are recorded instead of done."""
+
+    def __init__(self, backend) -> None:
+        self.backend = backend
+        self.pending: List[Tuple[str, str]] = []
+
+    def remove(self, path: str) -> None:
+        self.pending.append(('remove', path))
+
+    def rmtree(self, path: str) -> None:
+        self.pending.append(('rmtree', path))
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+
+@HOOKS.register_module()
+class PolaCheckpointHook(CheckpointHook):
+    """mmengine's ``CheckpointHook`` in an order that a kill at any moment cannot break.
+
+    mmengine's hook deletes the oldest checkpoint (``max_keep_ckpts``) and the previous best
+    one before it writes the new one, and rewrites ``last_checkpoint`` in place; a run
+    killed meanwhile (with ``max_keep_ckpts=1``: whenever it writes a checkpoint) has no
+    checkpoint left to resume from. This hook takes the same arguments and
+
+    1. writes the new checkpoint completely under a temporary name in the same folder,
+       flushes it to disk and renames it (:meth:`PolaRunner.save_checkpoint`);
+    2. then replaces ``last_checkpoint`` the same way, so it names the new file;
+    3. only then deletes the checkpoints beyond ``max_keep_ckpts`` and a superseded best
+       checkpoint.
+
+    At every moment ``last_checkpoint`` names a complete checkpoint, and ``--resume``
+    continues from it. :class:`PolaRunner` uses this class wherever a config asks for
+    ``CheckpointHook``, so configs stay unchanged.
+    """
+
+    def _save_checkpoint_with_step(self, runner, step, meta) -> None:
+        outdated = []
+        if self.max_keep_ckpts > 0 and not (self.keep_ckpt_ids
+                                            and self.keep_ckpt_ids[-1] == step):
+            # (the deque has maxlen=max_keep_ckpts: make room explicitly, remember what
+            # leaves, delete it once the new checkpoint is complete)
+            while len(self.keep_ckpt_ids) >= self.max_keep_ckpts:
+                outdated.append(self.keep_ckpt_ids.popleft())
+            self.keep_ckpt_ids.append(step)
+            runner.message_hub.update_info('keep_ckpt_ids', list(self.keep_ckpt_ids))
+
+        ckpt_filename = self.filename_tmpl.format(step)
+        self.last_ckpt = self.file_backend.join_path(self.out_dir, ckpt_filename)
+        runner.message_hub.update_info('last_ckpt', self.last_ckpt)
+        runner.save_checkpoint(
+            self.out_dir,
+            ckpt_filename,
+            self.file_client_args,
+            save_optimizer=self.save_optimizer,
+            save_param_scheduler=self.save_param_scheduler,
+            meta=meta,
+            by_epoch=self.by_epoch,
+            backend_args=self.backend_args,
+            **self.args)
+        if not is_main_process():
+            return
+        last_ckpt = self.last_ckpt
+        atomic_write(osp.join(runner.work_dir, 'last_checkpoint'),
+                     lambda tmp: _write_text(tmp, last_ckpt))
+        self._remove(
+            [self.file_backend.join_path(self.out_dir, self.filename_tmpl.format(s))
+             for s in outdated])
+
+    def _save_best_checkpoint(self, runner, metrics) -> None:
+        backend = self.file_backend
+        deferred = _DeferredRemoval(backend)
+        self.file_backend = deferred
+        try:
+            super()._save_best_checkpoint(runner, metrics)
+        finally:
+            self.file_backend = backend
+        # what the new best (and the checkpoint saved with it) superseded
+        current = {getattr(self, 'best_ckpt_path', None), self.last_ckpt,
+                   *getattr(self, 'best_ckpt_path_dict', {}).values()}
+        for kind, path in deferred.pending:
+            if path not in current:
+                getattr(backend, kind)(path)
+
+    def _remove(self, paths: Iterable[str]) -> None:
+        for path in paths:
+            if path == self.last_ckpt:
+                continue
+            if self.file_backend.isfile(path):
+                self.file_backend.remove(path)
+            elif self.file_backend.isdir(path):  # deepspeed checkpoints are folders
+                self.file_backend.rmtree(path)
+
+
+def _write_text(path: str, text: str) -> None:
+    with open(path, 'w') as f:
+        f.write(text)

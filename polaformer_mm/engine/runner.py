@@ -1,8 +1,17 @@
 """``PolaRunner``: mmengine's Runner with what this project's tools need.
 
-* Checkpoints are read with ``torch.load(weights_only=True)`` and a scoped allowlist
-  (see :mod:`.checkpoint_io`), so ``resume`` and ``load_from`` work under torch >= 2.6
-  without switching torch's safety off; checkpoints it writes load weights-only anywhere.
+* Checkpoints are read through :func:`polaformer_mm.utils.checkpoint_io.load_checkpoint`
+  (weights-only with one scoped allowlist; local files, URLs and mmengine's schemes), so
+  ``resume`` and ``load_from`` work under torch >= 2.6 without switching torch's safety
+  off; checkpoints it writes load weights-only anywhere.
+* Loading is strict: a checkpoint that does not fit the model (``load_from``, test
+  checkpoints, ``--resume``) is an error naming the keys and the likely cause
+  (:mod:`.checkpoint_fit`), unless the config sets ``allow_partial_load=True``
+  (``--allow-partial``). ``--resume`` from a weights-only file says to use ``load_from``.
+* Checkpoints are written atomically, and ``CheckpointHook`` is replaced by
+  :class:`~.hooks.PolaCheckpointHook`, which deletes old checkpoints only after the new
+  one and ``last_checkpoint`` are complete: a kill at any moment leaves a resumable work
+  dir.
 * Resuming restores the random states (:class:`ResumableStateHook`).
 * Without CUDA, ``AmpOptimWrapper`` configs train in float32 (a warning says so).
 * Distributed training without CUDA: the process group is created with gloo (no
@@ -11,20 +20,28 @@
 """
 import datetime
 import os
+import os.path as osp
 from typing import Optional
 
 import torch
 import torch.distributed as torch_dist
-from mmengine.dist import is_distributed
+from mmengine.dist import is_distributed, master_only
+from mmengine.fileio import LocalBackend, get_file_backend
+from mmengine.hooks import CheckpointHook
 from mmengine.model import is_model_wrapper, revert_sync_batchnorm
-from mmengine.registry import MODEL_WRAPPERS, RUNNERS
+from mmengine.registry import HOOKS, MODEL_WRAPPERS, RUNNERS
 from mmengine.runner import Runner
+from mmengine.runner.checkpoint import _load_checkpoint_to_model
 from torch.nn.parallel import DistributedDataParallel
 
 from ..utils.mmcv_ops import check_mmcv_cuda_ops
-from .checkpoint_io import (require_checkpoint, restore_runner_state,
-                            runner_checkpoint_globals)
-from .hooks import ResumableStateHook
+from ..utils.checkpoint_io import CheckpointError, atomic_write, load_checkpoint
+from .checkpoint_fit import (check_checkpoint_fits, checkpoint_state_dict,
+                             describe_mismatch)
+from .hooks import PolaCheckpointHook, ResumableStateHook
+from .runner_state import restore_runner_state
+
+_RESUME_KEYS = ('meta', 'state_dict', 'message_hub')
 
 
 def _cuda_usable() -> bool:
@@ -33,12 +50,23 @@ def _cuda_usable() -> bool:
 
 @RUNNERS.register_module()
 class PolaRunner(Runner):
-    """Drop-in replacement for :class:`mmengine.runner.Runner` (``runner_type='PolaRunner'``)."""
+    """Drop-in replacement for :class:`mmengine.runner.Runner` (``runner_type='PolaRunner'``).
 
-    def __init__(self, *args, **kwargs):
+    Args:
+        *args: as for :class:`mmengine.runner.Runner`.
+        allow_partial_load (bool, optional): load checkpoints that do not fit the model
+            (only what fits; a warning names the rest). Default: None, which reads the
+            config key ``allow_partial_load`` (False when absent): strict.
+        **kwargs: as for :class:`mmengine.runner.Runner`.
+    """
+
+    def __init__(self, *args, allow_partial_load: Optional[bool] = None, **kwargs):
         self._resuming = False
+        self._allow_partial_load = allow_partial_load
         super().__init__(*args, **kwargs)
         check_mmcv_cuda_ops(self.model)  # on CUDA, mmcv ops must have CUDA kernels
+        if self._allow_partial_load is None:
+            self._allow_partial_load = bool(self.cfg.get('allow_partial_load', False))
         hooks = [h for h in self._hooks if isinstance(h, ResumableStateHook)]
         if hooks:
             self._state_hook = hooks[0]
@@ -102,20 +130,102 @@ class PolaRunner(Runner):
                                 'in float32 with OptimWrapper on this machine')
         return super().build_optim_wrapper(optim_wrapper)
 
+    # -- hooks --------------------------------------------------------------------
+    def register_hook(self, hook, priority=None) -> None:
+        """As mmengine's, but a ``CheckpointHook`` config builds a
+        :class:`~.hooks.PolaCheckpointHook` (same arguments, kill-safe order)."""
+        if isinstance(hook, dict):
+            hook_type = hook.get('type')
+            if isinstance(hook_type, str):
+                hook_type = HOOKS.get(hook_type)
+            if hook_type is CheckpointHook:
+                hook = dict(hook, type=PolaCheckpointHook)
+        elif type(hook) is CheckpointHook:
+            self.logger.warning('a built CheckpointHook deletes old checkpoints before the '
+                                'new one is written; pass it as a config dict (or use '
+                                'PolaCheckpointHook) for kill-safe checkpoints')
+        super().register_hook(hook, priority)
+
     # -- checkpoints --------------------------------------------------------------
-    def load_checkpoint(self, filename: str, map_location='cpu', strict: bool = False,
-                        revise_keys=[(r'^module.', '')]):
-        require_checkpoint(filename, 'checkpoint file (load_from / --resume / test)')
-        with runner_checkpoint_globals():
-            checkpoint = super().load_checkpoint(filename, map_location=map_location,
-                                                 strict=strict, revise_keys=revise_keys)
+    @master_only
+    def save_checkpoint(self, out_dir: str, filename: str, file_client_args=None,
+                        *args, backend_args=None, **kwargs):
+        """As mmengine's, but a local checkpoint is written to a temporary file in
+        ``out_dir``, flushed to disk and renamed to ``filename``: the file is either
+        absent or complete, whenever the process dies."""
+        if file_client_args is not None or not isinstance(
+                get_file_backend(out_dir, backend_args=backend_args), LocalBackend):
+            return super().save_checkpoint(out_dir, filename, file_client_args, *args,
+                                           backend_args=backend_args, **kwargs)
+        save = super().save_checkpoint
+        os.makedirs(out_dir, exist_ok=True)
+        atomic_write(
+            osp.join(out_dir, filename),
+            lambda tmp: save(osp.dirname(tmp), osp.basename(tmp), None, *args, **kwargs))
+
+    def load_checkpoint(self, filename: str, map_location='cpu',
+                        strict: Optional[bool] = None, revise_keys=[(r'^module.', '')]):
+        """Load ``filename`` into the model (see the class notes).
+
+        Args:
+            filename (str): local path, URL or another mmengine scheme.
+            map_location: as for :func:`torch.load`. Default: 'cpu'.
+            strict (bool, optional): error when the checkpoint does not fit the model
+                exactly. Default: None, meaning strict unless partial loading is allowed
+                (``allow_partial_load``).
+            revise_keys (list): (pattern, replacement) pairs applied to the checkpoint's
+                keys. Default: strip ``module.``.
+
+        Returns:
+            dict: the checkpoint.
+        """
+        what = '--resume checkpoint' if self._resuming else 'checkpoint'
+        checkpoint = load_checkpoint(filename, map_location=map_location, what=what)
+        if not isinstance(checkpoint, dict):
+            raise CheckpointError(f'{what} {filename!r} holds a '
+                                  f'{type(checkpoint).__name__}, not a dict of tensors')
+        if self._resuming:
+            self._require_resumable(checkpoint, filename)
         if 'message_hub' in checkpoint:
             checkpoint['message_hub'] = restore_runner_state(checkpoint['message_hub'])
+        self.call_hook('after_load_checkpoint', checkpoint=checkpoint)
+        model = self.model.module if is_model_wrapper(self.model) else self.model
+
+        strict = not self._allow_partial_load if strict is None else strict
+        source = f'{what} {filename!r}'
+        if strict:
+            check_checkpoint_fits(model, checkpoint, source, revise_keys)
+        else:
+            message = describe_mismatch(model, checkpoint_state_dict(checkpoint, revise_keys),
+                                        source)
+            if message:
+                self.logger.warning(f'{message}\nLoading only what fits (partial loading '
+                                    'is allowed).')
+        _load_checkpoint_to_model(model, checkpoint, strict=False, logger=self.logger,
+                                  revise_keys=revise_keys)
+        self._has_loaded = True
+        self.logger.info(f'Load checkpoint from {filename}')
+
         if self._resuming:
             if not self._state_hook.set_pending(checkpoint) and checkpoint.get('rng_states'):
                 self.logger.warning('the checkpoint holds the random states of a run with '
                                     'another number of processes; they are not restored')
         return checkpoint
+
+    @staticmethod
+    def _require_resumable(checkpoint: dict, filename: str) -> None:
+        meta = checkpoint.get('meta')
+        missing = [k for k in _RESUME_KEYS if k not in checkpoint]
+        if isinstance(meta, dict):
+            missing += [f"meta['{k}']" for k in ('epoch', 'iter') if k not in meta]
+        if missing:
+            raise CheckpointError(
+                f'--resume: {filename!r} is not a checkpoint of a training run (it has no '
+                f'{", ".join(missing)}; it holds weights only, e.g. a converted or '
+                'published file), so there is no run to resume. To start training from its '
+                f'weights use load_from instead: --cfg-options load_from={filename} without '
+                "--resume (backbone weights: model.backbone.init_cfg=dict(type='Pretrained', "
+                'checkpoint=...)).')
 
     def resume(self, filename: str, *args, **kwargs) -> None:
         self._resuming = True

@@ -1,74 +1,24 @@
-"""Reading official PolaFormer checkpoints and converting them to our modules.
+"""Converting official PolaFormer checkpoints to our modules, and backbone weights.
 
 Official files are ``{'model': state_dict, 'optimizer', 'lr_scheduler', 'max_accuracy',
-'epoch', 'config'}`` where 'config' is a pickled ``yacs.config.CfgNode``. They are read
-with ``torch.load(weights_only=True)``: the only addition to torch's allow-list is an inert
-stand-in for ``CfgNode`` (the node is read back as an OrderedDict), so yacs need not be
-installed and no other object can be unpickled.
+'epoch', 'config'}`` where 'config' is a pickled ``yacs.config.CfgNode``. Every file is
+read by :func:`polaformer_mm.utils.checkpoint_io.load_checkpoint` (weights-only, with an
+inert stand-in for ``CfgNode`` that reads the node back as an OrderedDict, so yacs need
+not be installed; local paths, URLs and mmengine's other schemes).
 """
 import os
 import os.path as osp
-import pickle
 import re
 from collections import OrderedDict
 from typing import Dict, Optional
-from urllib.parse import urlparse
 
 import torch
 
+from ..utils.checkpoint_io import atomic_save, is_local_checkpoint
+from ..utils.checkpoint_io import load_checkpoint as load_checkpoint_file
 from ..version import __version__
 
 PVT_KIND, SWIN_KIND = 'pvt', 'swin'
-
-
-class _CfgNodeStandIn:
-    """Stands in for ``yacs.config.CfgNode`` during a weights-only load.
-
-    A pickled CfgNode is rebuilt as ``NEWOBJ(CfgNode)``, ``SETITEMS``, ``BUILD(attrs)``;
-    torch's weights-only unpickler applies SETITEMS / BUILD only to plain dicts and
-    OrderedDicts, so the node becomes an ``OrderedDict`` (attributes in ``__dict__``).
-    No yacs code runs and nothing else becomes loadable.
-    """
-
-    def __new__(cls, *args):
-        return OrderedDict()
-
-
-_CfgNodeStandIn.__module__ = 'yacs.config'
-_CfgNodeStandIn.__name__ = _CfgNodeStandIn.__qualname__ = 'CfgNode'
-
-
-def _local_path(path: str) -> str:
-    """A local file for ``path``; http(s) URLs are downloaded once into torch's hub
-    cache (``$TORCH_HOME/hub/checkpoints``), as mmengine does for its URLs."""
-    url = urlparse(path)
-    scheme = url.scheme
-    if scheme in ('http', 'https'):
-        cached = osp.join(torch.hub.get_dir(), 'checkpoints', osp.basename(url.path))
-        if not osp.isfile(cached):
-            os.makedirs(osp.dirname(cached), exist_ok=True)
-            torch.hub.download_url_to_file(path, cached, progress=False)
-        return cached
-    if len(scheme) > 1:  # not a Windows drive letter
-        raise ValueError(
-            f'checkpoint {path!r}: polaformer_mm reads local files and http(s) URLs, '
-            f'not {scheme}:// (a base config\'s model.pretrained? set it to None)')
-    if not osp.isfile(path):
-        raise FileNotFoundError(f'checkpoint file not found: {path!r}')
-    return path
-
-
-def load_checkpoint_file(path: str) -> dict:
-    """``torch.load(path, weights_only=True)`` that also accepts a yacs config.
-    ``path`` is a local file or an http(s) URL."""
-    path = _local_path(os.fspath(path))
-    try:
-        with torch.serialization.safe_globals([_CfgNodeStandIn]):
-            return torch.load(path, map_location='cpu', weights_only=True)
-    except pickle.UnpicklingError as err:
-        raise RuntimeError(
-            f'{path!r} holds objects that a weights-only load refuses; only tensors, '
-            f'plain containers and a yacs config are accepted. ({err})') from err
 
 
 def extract_state_dict(obj, source: str = 'checkpoint') -> Dict[str, torch.Tensor]:
@@ -160,18 +110,40 @@ def convert_official_state_dict(state_dict: Dict[str, torch.Tensor],
     return out
 
 
+def _refuse_same_file(src: str, dst: str) -> None:
+    """Raise ValueError when writing ``dst`` would overwrite ``src`` (the same path, a
+    symlink to it, a path through a symlinked folder, or a hard link)."""
+    src_path, dst_path = osp.expanduser(src), osp.expanduser(dst)
+    same = osp.realpath(src_path) == osp.realpath(dst_path)
+    if not same and osp.exists(src_path) and osp.exists(dst_path):
+        same = osp.samefile(src_path, dst_path)
+    if same:
+        raise ValueError(f'DST {dst!r} is the source file {src!r}: the converter would '
+                         'overwrite the official checkpoint; choose another DST')
+
+
 def convert_official_checkpoint(src: str, dst: str) -> Dict[str, torch.Tensor]:
-    """Read an official checkpoint and write ``{'state_dict', 'meta'}`` for mm*."""
-    state_dict = extract_state_dict(load_checkpoint_file(src), source=src)
+    """Read an official checkpoint and write ``{'state_dict', 'meta'}`` for mm*.
+
+    Args:
+        src (str): the official file (local path, URL or another mmengine scheme).
+        dst (str): the local output path; never ``src`` itself. Written atomically (a
+            temporary file next to it, renamed when complete).
+
+    Returns:
+        dict: the converted state dict.
+    """
+    src, dst = os.fspath(src), os.fspath(dst)
+    _refuse_same_file(src, dst)
+    state_dict = extract_state_dict(load_checkpoint_file(src, what='official checkpoint'),
+                                    source=src)
     kind = detect_official_kind(state_dict)
     converted = convert_official_state_dict(state_dict)
-    dst_dir = osp.dirname(osp.abspath(dst))
-    os.makedirs(dst_dir, exist_ok=True)
     meta = dict(
         source=osp.basename(src),
         backbone='PolaPVT' if kind == PVT_KIND else 'PolaSwin',
         converted_by=f'polaformer_mm {__version__}')
-    torch.save(dict(state_dict=converted, meta=meta), dst)
+    atomic_save(dict(state_dict=converted, meta=meta), dst)
     return converted
 
 
@@ -182,8 +154,16 @@ def load_backbone_weights(checkpoint: str, kind: str,
     checkpoint (converted on the fly)."""
     if not checkpoint:
         raise ValueError("init_cfg type='Pretrained' needs a 'checkpoint' path")
-    state_dict = extract_state_dict(load_checkpoint_file(checkpoint),
-                                    source=checkpoint)
+    try:
+        obj = load_checkpoint_file(checkpoint, what='init_cfg checkpoint')
+    except OSError as err:
+        if isinstance(err, FileNotFoundError) or is_local_checkpoint(checkpoint):
+            raise
+        raise RuntimeError(
+            f'init_cfg checkpoint {checkpoint!r} could not be fetched ({err}); if it comes '
+            "from a base config's model.pretrained (e.g. an mmseg ResNet), set "
+            'pretrained=None') from err
+    state_dict = extract_state_dict(obj, source=checkpoint)
     if detect_official_kind(state_dict) is not None:
         state_dict = convert_official_state_dict(state_dict, kind=kind)
         prefix = 'backbone.'

@@ -66,6 +66,7 @@ def test_outside_config_trains_and_tests(data_root, tmp_path):
     cfg = tmp_path / 'my_retinanet_pola.py'
     cfg.write_text(textwrap.dedent(OUTSIDE_CONFIG.format(root=data_root)))
     out = _run([osp.join(REPO, 'tools/train.py'), str(cfg), '--work-dir', 'wd'], tmp_path)
+    assert 'dataset check: 2 datasets, 0 problems that would stop training' in out
     assert 'Epoch(train) [1][2/2]' in out
     assert 'Epoch(val) [1][2/2]' in out
     ckpt = tmp_path / 'wd' / 'epoch_1.pth'

@@ -174,10 +174,63 @@ def test_checkpoint_from_an_http_url(golden_dir, tmp_path, monkeypatch):
         torch.testing.assert_close(ours, ref, rtol=0, atol=1e-4)
 
 
-def test_unsupported_scheme_is_named():
+def _free_port():
+    import socket
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
+
+
+def test_mmengine_scheme_through_checkpoint_loader(golden_dir, tmp_path, monkeypatch):
+    """open-mmlab:// names resolve through mmengine's CheckpointLoader (here to a file
+    under $MMENGINE_HOME, as mmengine's own open_mmlab.json allows)."""
+    import json
+    data = load_golden(golden_dir, 'pola_pvt_micro_LLLL.pt')
+    home = tmp_path / 'mmengine_home'
+    (home / 'weights').mkdir(parents=True)
+    save_official(home / 'weights' / 'pola.pth', data['state_dict'])
+    (home / 'open_mmlab.json').write_text(json.dumps({'pola_micro': 'weights/pola.pth'}))
+    monkeypatch.setenv('MMENGINE_HOME', str(home))
+    backbone = _backbone(data, init_cfg=dict(type='Pretrained',
+                                             checkpoint='open-mmlab://pola_micro'))
+    backbone.init_weights()
+    for ours, ref in zip(_raw_stages(backbone, data['input']), data['stage_outputs']):
+        torch.testing.assert_close(ours, ref, rtol=0, atol=1e-4)
+
+
+def test_registered_scheme_cannot_switch_weights_only_off(tmp_path, monkeypatch):
+    """A loader registered with CheckpointLoader that asks torch for weights_only=False
+    (as torch.hub's does) still loads weights-only."""
+    from mmengine.runner.checkpoint import CheckpointLoader
+
+    from polaformer_mm.utils.checkpoint_io import CheckpointError
+
+    class Payload:
+
+        def __reduce__(self):
+            return (os.getcwd, ())
+
+    torch.save({'state_dict': {'w': torch.ones(2)}}, tmp_path / 'good.pth')
+    torch.save({'state_dict': {'w': torch.ones(2)}, 'x': Payload()}, tmp_path / 'evil.pth')
+    monkeypatch.setattr(CheckpointLoader, '_schemes', dict(CheckpointLoader._schemes))
+
+    def load_from_polatest(filename, map_location=None):
+        return torch.load(tmp_path / filename[len('polatest://'):],
+                          map_location=map_location, weights_only=False)
+
+    CheckpointLoader.register_scheme('polatest://', load_from_polatest)
+    obj = load_checkpoint_file('polatest://good.pth')
+    assert torch.equal(obj['state_dict']['w'], torch.ones(2))
+    with pytest.raises(CheckpointError, match='refuses .*getcwd'):
+        load_checkpoint_file('polatest://evil.pth')
+    assert 'TORCH_FORCE_WEIGHTS_ONLY_LOAD' not in os.environ  # the scope is left
+
+
+def test_unreachable_url_hints_at_pretrained():
+    url = f'http://127.0.0.1:{_free_port()}/resnet50_v1c.pth'
     with pytest.warns(DeprecationWarning, match='pretrained is deprecated'):
-        backbone = PolaPVT(pretrained='open-mmlab://resnet50_v1c')
-    with pytest.raises(ValueError, match='open-mmlab://resnet50_v1c.*pretrained'):
+        backbone = PolaPVT(pretrained=url)
+    with pytest.raises(RuntimeError, match='could not be fetched.*pretrained=None'):
         backbone.init_weights()
     with pytest.raises(ValueError, match='not both'):
         PolaPVT(pretrained='a.pth', init_cfg=dict(type='Pretrained', checkpoint='a.pth'))

@@ -35,3 +35,38 @@ def test_cli_names_a_missing_source(tmp_path):
         capture_output=True, text=True)
     assert proc.returncode != 0
     assert 'missing.pth' in proc.stderr
+
+
+def test_refuses_to_overwrite_its_source(golden_dir, tmp_path, monkeypatch):
+    """SRC == DST in any spelling: the same path, a relative one, a symlink to SRC, a
+    path through a symlinked folder, a hard link."""
+    import os
+
+    import pytest
+
+    from polaformer_mm.models.checkpoint import convert_official_checkpoint
+    data = load_golden(golden_dir, 'pola_pvt_micro_LLLL.pt')
+    src = save_official(tmp_path / 'official.pth', data['state_dict'])
+    original = src.read_bytes()
+    (tmp_path / 'link.pth').symlink_to(src)
+    (tmp_path / 'alias').symlink_to(tmp_path, target_is_directory=True)
+    os.link(src, tmp_path / 'hard.pth')
+    (tmp_path / 'sub').mkdir()
+    monkeypatch.chdir(tmp_path / 'sub')
+    for dst in (str(src), '../official.pth', str(tmp_path / 'link.pth'),
+                str(tmp_path / 'alias' / 'official.pth'), str(tmp_path / 'hard.pth'),
+                str(tmp_path / 'sub' / '..' / 'official.pth')):
+        with pytest.raises(ValueError, match='is the source file'):
+            convert_official_checkpoint(str(src), dst)
+        assert src.read_bytes() == original, dst
+    # through the command line too, with the source left intact
+    proc = subprocess.run(
+        [sys.executable, osp.join(ROOT, 'tools/model_converters/official2mm.py'), str(src),
+         '../official.pth'], capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert 'is the source file' in proc.stderr
+    assert src.read_bytes() == original
+    # a different DST still works, and no temporary file is left behind
+    convert_official_checkpoint(str(src), str(tmp_path / 'converted.pth'))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        'alias', 'converted.pth', 'hard.pth', 'link.pth', 'official.pth', 'sub']

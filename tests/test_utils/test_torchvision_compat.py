@@ -25,6 +25,33 @@ def test_nms_cpu_matches_mmcv_compiled_nms():
     assert nms_cpu(torch.zeros(0, 4), torch.zeros(0), 0.5).numel() == 0
 
 
+def _degenerate_boxes(n, seed):
+    """Boxes on a coarse grid, a third of them zero-width, zero-height or points,
+    with distinct scores (ties aside)."""
+    g = torch.Generator().manual_seed(seed)
+    xy = torch.randint(0, 12, (n, 2), generator=g).float()
+    wh = torch.randint(0, 4, (n, 2), generator=g).float()
+    kind = torch.randint(0, 3, (n, ), generator=g)
+    wh[kind == 1, 0] = 0
+    wh[kind == 2] = 0
+    return torch.cat([xy, xy + wh], dim=1), torch.randperm(n, generator=g).float() / n
+
+
+def test_nms_cpu_keeps_zero_area_boxes_as_mmcv_does():
+    from mmcv.ops import nms as mmcv_nms
+    points = torch.tensor([[0., 0., 0., 0.], [5., 5., 5., 5.], [0., 0., 0., 0.],
+                           [1., 1., 1., 5.], [0., 0., 10., 10.]])
+    scores = torch.tensor([0.9, 0.8, 0.7, 0.6, 0.5])
+    # disjoint (and even coinciding) zero-area boxes have IoU 0 / 0: not above any
+    # threshold, so the compiled kernels keep every one of them
+    assert nms_cpu(points, scores, 0.5).tolist() == [0, 1, 2, 3, 4]
+    for seed in range(20):
+        boxes, scores = _degenerate_boxes(60, seed)
+        for thr in (0.0, 0.3, 0.7):
+            _, keep_mmcv = mmcv_nms(boxes, scores, thr)
+            assert nms_cpu(boxes, scores, thr).tolist() == keep_mmcv.tolist(), (seed, thr)
+
+
 def test_torchvision_and_mmpretrain_import_in_a_fresh_process():
     code = textwrap.dedent("""
         import polaformer_mm, torch, torchvision, torchvision.ops

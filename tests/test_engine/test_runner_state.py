@@ -1,4 +1,4 @@
-"""Runner checkpoints under torch's weights-only loading."""
+"""Runner checkpoints under torch's weights-only loading (runner state encoding)."""
 import io
 import os
 import pickle
@@ -9,8 +9,8 @@ import pytest
 import torch
 from mmengine.logging import HistoryBuffer
 
-from polaformer_mm.engine import (restore_runner_state, runner_checkpoint_globals,
-                                  to_weights_only_safe)
+from polaformer_mm.engine import restore_runner_state, to_weights_only_safe
+from polaformer_mm.utils.checkpoint_io import safe_load_scope
 
 
 def _message_hub_state():
@@ -51,7 +51,7 @@ def test_safe_encoding_loads_weights_only_and_restores_buffers():
 
 def test_plain_mmengine_checkpoint_loads_with_allowlist():
     f = _save({'message_hub': _message_hub_state(), 'meta': {'eta': np.float32(2.0)}})
-    with runner_checkpoint_globals():
+    with safe_load_scope():
         loaded = torch.load(f, weights_only=True)
     hub = restore_runner_state(loaded['message_hub'])
     buf = hub['log_scalars']['train/loss']
@@ -66,13 +66,13 @@ class _Exploit:
 
 def test_allowlist_still_refuses_code():
     f = _save({'state_dict': {}, 'meta': _Exploit()})
-    with runner_checkpoint_globals(), pytest.raises(pickle.UnpicklingError, match='system'):
+    with safe_load_scope(), pytest.raises(pickle.UnpicklingError, match='system'):
         torch.load(f, weights_only=True)
 
 
 def test_allowlist_is_scoped():
     f = _save({'x': np.float64(1.0)})
-    with runner_checkpoint_globals():
+    with safe_load_scope():
         torch.load(f, weights_only=True)
     f.seek(0)
     with pytest.raises(pickle.UnpicklingError):
