@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 
 .PHONY: install test quickstart clean-venv
 
-install: $(STAMP) $(HOOK)
+install: $(STAMP) $(PKG) $(HOOK)
 
 $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) and "the tested stack needs Python 3.11; set PYTHON=/path/to/python3.11")'
@@ -22,14 +22,24 @@ $(STAMP): $(PY) requirements/build.txt requirements/runtime.txt requirements/tes
 	wheels=$$(tools/build_mmcv_wheel.sh $(PY)) && \
 	  $(PIP) install --find-links "$$wheels" --only-binary mmcv \
 	    -r requirements/runtime.txt -r requirements/tests.txt && \
-	  $(PIP) install --no-deps -r requirements/mim.txt && \
-	  $(PIP) install --no-build-isolation --no-deps -e .
-	$(PY) -c "import polaformer_mm, mmcv.ops, mmdet.models, mmseg.models, mmpretrain.models, mim; print('stack ok')"
+	  $(PIP) install --no-deps -r requirements/mim.txt
+	$(PY) -c "import polaformer_mm, mmcv.ops, mmdet.models, mmseg.models, mmpretrain.models, mim; print('stack ok')" \
+	  || { echo 'install: the stack does not import (see above)'; exit 1; }
 	touch $(STAMP)
+
+# The package itself, installed as users install it (not editable: `mim search polaformer_mm`
+# reads the model index from site-packages/polaformer_mm/.mim, which an editable install
+# lacks). Reinstalled when a tracked file of the package, its configs or tools changes; the
+# tests and tools run from the repository, which comes first on their sys.path.
+PKG := $(VENV)/.polaformer_mm-package
+PKG_FILES := setup.py model-index.yml $(shell git ls-files polaformer_mm configs tools 2>/dev/null)
+$(PKG): $(STAMP) $(PKG_FILES)
+	$(PIP) install --no-build-isolation --no-deps --force-reinstall .
+	touch $(PKG)
 
 # a start-up hook in the venv: torchvision, mmdet, mmseg import in any order beside
 # polaformer_mm (polaformer_mm/utils/startup_hook.py; rewritten when that file changes)
-$(HOOK): $(STAMP) polaformer_mm/utils/startup_hook.py
+$(HOOK): $(PKG) polaformer_mm/utils/startup_hook.py
 	$(PY) polaformer_mm/utils/startup_hook.py
 	$(PY) -c "import mmdet.models, mmseg.apis, polaformer_mm; print('import order ok')"
 	touch $(HOOK)

@@ -104,20 +104,16 @@ def _package_copy(dst):
         shutil.copy2(osp.join(ROOT, rel), osp.join(dst, rel))
 
 
-def test_mim_search_lists_every_model_after_pip_install(tmp_path):
+def _mim():
     mim = osp.join(osp.dirname(sys.executable), 'mim')
     if not osp.isfile(mim):
         pytest.fail(f'no mim next to {sys.executable}: install requirements/mim.txt '
                     '(pip install --no-deps -r requirements/mim.txt)')
-    src, target = tmp_path / 'src', tmp_path / 'site'
-    _package_copy(src)
-    subprocess.run([sys.executable, '-m', 'pip', 'install', '--no-deps', '--no-build-isolation',
-                    '--no-compile', '-q', '--target', str(target), str(src)], check=True)
-    assert (target / 'polaformer_mm' / '.mim' / 'model-index.yml').is_file()
+    return mim
 
-    env = dict(os.environ, PYTHONPATH=str(target))
-    proc = subprocess.run([mim, 'search', 'polaformer_mm'], capture_output=True, text=True,
-                          env=env, cwd=tmp_path)
+
+def _check_search_output(proc):
+    """Every zoo config is listed, with its metadata."""
     assert proc.returncode == 0, proc.stderr[-3000:]
     listed = re.findall(r'config id: (\S+)', re.sub(r'\x1b\[[0-9;]*m', '', proc.stdout))
     expected = [osp.splitext(osp.basename(c))[0] for c in _zoo_configs()]
@@ -127,3 +123,25 @@ def test_mim_search_lists_every_model_after_pip_install(tmp_path):
     block = block.split('config id:')[0]
     assert re.search(r'backbone_mparams\s+12\.41', block)
     assert re.search(r'backbone_gflops\s+48\.68', block)
+
+
+def test_mim_search_lists_every_model_after_pip_install(tmp_path):
+    mim = _mim()
+    src, target = tmp_path / 'src', tmp_path / 'site'
+    _package_copy(src)
+    subprocess.run([sys.executable, '-m', 'pip', 'install', '--no-deps', '--no-build-isolation',
+                    '--no-compile', '-q', '--target', str(target), str(src)], check=True)
+    assert (target / 'polaformer_mm' / '.mim' / 'model-index.yml').is_file()
+
+    env = dict(os.environ, PYTHONPATH=str(target))
+    _check_search_output(
+        subprocess.run([mim, 'search', 'polaformer_mm'], capture_output=True, text=True,
+                       env=env, cwd=tmp_path))
+
+
+def test_mim_search_in_the_project_environment(tmp_path):
+    """`make install` installs the package as users do, so `mim search` works in the venv."""
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+    _check_search_output(
+        subprocess.run([_mim(), 'search', 'polaformer_mm'], capture_output=True, text=True,
+                       env=env, cwd=tmp_path))
