@@ -11,7 +11,7 @@ CONFIG is a detection (mmdet), segmentation (mmseg) or classification (mmpretrai
 whose backbone is ``PolaPVT`` or ``PolaSwin``; the model is built through the registry of
 the config's ``default_scope``. ``--checkpoint`` (a whole-model checkpoint as
 ``tools/train.py`` writes it, a converted backbone file, or an official PolaFormer
-checkpoint) is read with ``torch.load(weights_only=True)`` and must hold every backbone
+checkpoint) is read weights-only (``polaformer_mm.utils.checkpoint_io``) and must hold every backbone
 parameter; the rest of the model does not affect the backbone's attention. Without it the
 backbone keeps its random initialisation (seeded by ``--seed``): the tool says so loudly,
 on every figure and in the JSON.
@@ -78,17 +78,15 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 from mmengine.config import Config  # noqa: E402
 from mmengine.registry import init_default_scope  # noqa: E402
-from polaformer_mm.engine.checkpoint_io import (require_checkpoint,  # noqa: E402
-                                                runner_checkpoint_globals)
 from polaformer_mm.engine.entry import load_config, task_of  # noqa: E402
 from polaformer_mm.models.attention import PolaLinearAttention  # noqa: E402
 from polaformer_mm.models.backbones.pola_swin import SwinBlock as PolaSwinBlock  # noqa: E402
 from polaformer_mm.models.backbones.pola_swin import _window_shift  # noqa: E402
 from polaformer_mm.models.checkpoint import (  # noqa: E402
-    convert_official_state_dict, detect_official_kind, extract_state_dict,
-    load_checkpoint_file)
+    convert_official_state_dict, detect_official_kind, extract_state_dict)
 from polaformer_mm.ops import (attention_entropy, pola_attention_weights,  # noqa: E402
                                pola_exponent)
+from polaformer_mm.utils.checkpoint_io import load_checkpoint, require_checkpoint  # noqa: E402
 
 RANDOM_WEIGHTS_WARNING = (
     'No --checkpoint given: the backbone keeps its RANDOM initialisation, so the '
@@ -178,9 +176,7 @@ def load_weights(model: nn.Module, path: str, what: str = 'checkpoint') -> dict:
     ``module.`` prefix), bare backbone state dicts and official PolaFormer checkpoints
     (converted on the fly). Returns the keys that stayed as they were and the unused ones.
     """
-    require_checkpoint(path, what)
-    with runner_checkpoint_globals():  # mmengine checkpoints carry a message hub
-        obj = load_checkpoint_file(path)
+    obj = load_checkpoint(path, what=what)  # weights-only; mmengine checkpoints too
     state = extract_state_dict(obj, source=path)
     state = {re.sub(r'^module\.', '', k): v for k, v in state.items()}
     if detect_official_kind(state) is not None:

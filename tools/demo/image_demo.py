@@ -39,8 +39,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from mmengine.config import Config  # noqa: E402
 from mmengine.runner.checkpoint import _load_checkpoint_to_model  # noqa: E402
-from polaformer_mm.engine.checkpoint_io import (require_checkpoint,  # noqa: E402
-                                                runner_checkpoint_globals)
+from polaformer_mm.utils.checkpoint_io import require_checkpoint, safe_load_scope  # noqa: E402
 from polaformer_mm.engine.entry import load_config, task_of  # noqa: E402
 
 RANDOM_WEIGHTS_WARNING = (
@@ -107,7 +106,7 @@ def build_inferencer(cfg: Config, scope: str, weights: Optional[str], device: st
         class Inferencer(_MetaFromConfig, MMSegInferencer):
             pass
 
-    with runner_checkpoint_globals():  # weights-only loading, mmengine checkpoints too
+    with safe_load_scope():  # weights-only loading, mmengine checkpoints too
         inferencer = Inferencer(model=cfg, weights=weights, device=device)
     if scope == 'mmseg':
         # MMSegInferencer gives its visualizer the Cityscapes classes unless told
