@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch.nn as nn
 from mmengine.model import BaseTTAModel, is_model_wrapper
 
-from ..models.checkpoint import detect_official_kind
+from ..models.official_weights import detect_official_family
 
 PARTIAL_HINT = ('To load only what fits, pass --allow-partial to tools/train.py or '
                 'tools/test.py, or set allow_partial_load = True in the config.')
@@ -92,8 +92,8 @@ def likely_cause(model_keys: Sequence[str], missing: Sequence[str],
         if backbone_keys and len(prefixed & set(backbone_keys)) >= len(backbone_keys) / 2:
             return f'a backbone-only file (keys without the backbone. prefix): ' \
                    f'{backbone_only_hint}'
-        if detect_official_kind(ckpt_keys) is not None or (
-                nested_keys and detect_official_kind(nested_keys) is not None):
+        if detect_official_family(ckpt_keys) is not None or (
+                nested_keys and detect_official_family(nested_keys) is not None):
             return ('an official PolaFormer (ImageNet) checkpoint: convert it with '
                     'tools/model_converters/official2mm.py and give it to the backbone '
                     "with model.backbone.init_cfg=dict(type='Pretrained', checkpoint=...)")

@@ -1,6 +1,6 @@
 from .attention import PolaLinearAttention
 from .backbones import PolaPVT, PolaSwin
-from .checkpoint import (convert_official_checkpoint,
+from .official_weights import (convert_official_checkpoint,
                          convert_official_state_dict, load_backbone_weights,
                          load_checkpoint_file)
 

@@ -5,7 +5,7 @@ import torch
 from mmengine.registry import DefaultScope
 from mmpretrain.registry import MODELS as PRETRAIN_MODELS
 
-from polaformer_mm.models.checkpoint import convert_official_state_dict
+from polaformer_mm.models.official_weights import convert_official_state_dict
 
 GOLDEN_FILES = [
     'pola_pvt_micro_LLLL.pt', 'pola_pvt_micro_LLSS_sr8421.pt',

@@ -8,7 +8,7 @@ import torch
 
 from polaformer_mm import PolaPVT, PolaSwin
 from polaformer_mm.models.attention import relative_position_index
-from polaformer_mm.models.checkpoint import convert_official_state_dict
+from polaformer_mm.models.official_weights import convert_official_state_dict
 
 SIZES = [(32, 32), (97, 131), (511, 511), (224, 320), (800, 1333)]
 

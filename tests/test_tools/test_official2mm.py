@@ -33,8 +33,22 @@ def test_cli_names_a_missing_source(tmp_path):
         [sys.executable, osp.join(ROOT, 'tools/model_converters/official2mm.py'),
          str(tmp_path / 'missing.pth'), str(tmp_path / 'out.pth')],
         capture_output=True, text=True)
-    assert proc.returncode != 0
+    assert proc.returncode == 1
     assert 'missing.pth' in proc.stderr
+    assert 'Traceback' not in proc.stderr  # one line naming the problem
+
+
+def test_cli_names_a_file_that_is_no_checkpoint(tmp_path):
+    src = tmp_path / 'notes.pth'
+    src.write_text('not a checkpoint')
+    proc = subprocess.run(
+        [sys.executable, osp.join(ROOT, 'tools/model_converters/official2mm.py'),
+         str(src), str(tmp_path / 'out.pth')],
+        capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert 'Traceback' not in proc.stderr
+    assert "official2mm: error: official checkpoint '" in proc.stderr
+    assert 'is not a checkpoint' in proc.stderr
 
 
 def test_refuses_to_overwrite_its_source(golden_dir, tmp_path, monkeypatch):
@@ -44,7 +58,7 @@ def test_refuses_to_overwrite_its_source(golden_dir, tmp_path, monkeypatch):
 
     import pytest
 
-    from polaformer_mm.models.checkpoint import convert_official_checkpoint
+    from polaformer_mm.models.official_weights import convert_official_checkpoint
     data = load_golden(golden_dir, 'pola_pvt_micro_LLLL.pt')
     src = save_official(tmp_path / 'official.pth', data['state_dict'])
     original = src.read_bytes()

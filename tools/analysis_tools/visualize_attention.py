@@ -82,8 +82,8 @@ from polaformer_mm.engine.entry import load_config, task_of  # noqa: E402
 from polaformer_mm.models.attention import PolaLinearAttention  # noqa: E402
 from polaformer_mm.models.backbones.pola_swin import SwinBlock as PolaSwinBlock  # noqa: E402
 from polaformer_mm.models.backbones.pola_swin import _window_shift  # noqa: E402
-from polaformer_mm.models.checkpoint import (  # noqa: E402
-    convert_official_state_dict, detect_official_kind, extract_state_dict)
+from polaformer_mm.models.official_weights import (  # noqa: E402
+    convert_official_state_dict, detect_official_family, extract_state_dict)
 from polaformer_mm.ops import (attention_entropy, pola_attention_weights,  # noqa: E402
                                pola_exponent)
 from polaformer_mm.utils.checkpoint_io import load_checkpoint, require_checkpoint  # noqa: E402
@@ -179,9 +179,9 @@ def load_weights(model: nn.Module, path: str, what: str = 'checkpoint') -> dict:
     obj = load_checkpoint(path, what=what)  # weights-only; mmengine checkpoints too
     state = extract_state_dict(obj, source=path)
     state = {re.sub(r'^module\.', '', k): v for k, v in state.items()}
-    if detect_official_kind(state) is not None:
+    if detect_official_family(state) is not None:
         state = convert_official_state_dict(
-            state, kind=getattr(model.backbone, 'family', None))
+            state, family=getattr(model.backbone, 'family', None))
     elif not any(k.startswith('backbone.') for k in state):
         state = {f'backbone.{k}': v for k, v in state.items()}
     # the output norms (norm0..3) act after the attention: not needed here

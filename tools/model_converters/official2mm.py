@@ -11,8 +11,13 @@ LinearClsHead), and into detectors / segmentors through
 ``init_cfg=dict(type='Pretrained', checkpoint=DST, prefix='backbone.')``.
 """
 import argparse
+import os.path as osp
+import sys
 
-from polaformer_mm.models.checkpoint import convert_official_checkpoint
+sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+
+from polaformer_mm.models.official_weights import convert_official_checkpoint  # noqa: E402
+from polaformer_mm.utils.checkpoint_io import CheckpointError  # noqa: E402
 
 
 def main(argv=None):
@@ -20,7 +25,12 @@ def main(argv=None):
     parser.add_argument('src', help='official PolaFormer checkpoint')
     parser.add_argument('dst', help='output path of the converted checkpoint')
     args = parser.parse_args(argv)
-    state_dict = convert_official_checkpoint(args.src, args.dst)
+    try:
+        state_dict = convert_official_checkpoint(args.src, args.dst)
+    except (FileNotFoundError, CheckpointError, KeyError, ValueError) as err:
+        # a named problem of the input: one line, no traceback
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        parser.exit(1, f'official2mm: error: {message}\n')
     num_params = sum(v.numel() for k, v in state_dict.items())
     print(f'wrote {args.dst}: {len(state_dict)} tensors, '
           f'{num_params / 1e6:.2f} M values')

@@ -197,10 +197,10 @@ class PolaBackboneBase(BaseModule):
             # Handled here rather than by mmengine's PretrainedInit so that an
             # official checkpoint (which carries a pickled yacs config and official
             # key names) also works, and is converted on the fly.
-            from ..checkpoint import load_backbone_weights
+            from ..official_weights import load_backbone_weights
             checkpoint = init_cfg.get('checkpoint')
             state_dict = load_backbone_weights(
-                checkpoint, kind=self.family, prefix=init_cfg.get('prefix', None))
+                checkpoint, family=self.family, prefix=init_cfg.get('prefix', None))
             self._load_pretrained(state_dict, checkpoint)
             self._is_init = True
             return

@@ -18,7 +18,7 @@ from ..utils.checkpoint_io import atomic_save, is_local_checkpoint
 from ..utils.checkpoint_io import load_checkpoint as load_checkpoint_file
 from ..version import __version__
 
-PVT_KIND, SWIN_KIND = 'pvt', 'swin'
+PVT_FAMILY, SWIN_FAMILY = 'pvt', 'swin'
 
 
 def extract_state_dict(obj, source: str = 'checkpoint') -> Dict[str, torch.Tensor]:
@@ -34,13 +34,13 @@ def extract_state_dict(obj, source: str = 'checkpoint') -> Dict[str, torch.Tenso
     return obj
 
 
-def detect_official_kind(state_dict) -> Optional[str]:
+def detect_official_family(state_dict) -> Optional[str]:
     """'pvt' / 'swin' for official key layouts, None otherwise."""
     keys = list(state_dict)
     if any(k.startswith(('patch_embed1.', 'block1.')) for k in keys):
-        return PVT_KIND
+        return PVT_FAMILY
     if any(k.startswith('layers.0.blocks.') for k in keys):
-        return SWIN_KIND
+        return SWIN_FAMILY
     return None
 
 
@@ -69,19 +69,19 @@ _SWIN_RULES = [
 
 
 def convert_official_state_dict(state_dict: Dict[str, torch.Tensor],
-                                kind: Optional[str] = None
+                                family: Optional[str] = None
                                 ) -> 'OrderedDict[str, torch.Tensor]':
     """Official PolaFormer keys -> mmpretrain ImageClassifier keys
     (``backbone.*`` for PolaPVT / PolaSwin, ``head.fc.*`` for the classifier)."""
-    detected = detect_official_kind(state_dict)
+    detected = detect_official_family(state_dict)
     if detected is None:
         raise KeyError('not an official PolaFormer state dict: found neither '
                        "'patch_embed1.*' / 'block1.*' (PVT) nor 'layers.0.blocks.*' "
                        f'(Swin) keys; first keys: {list(state_dict)[:5]}')
-    if kind is not None and kind != detected:
+    if family is not None and family != detected:
         raise ValueError(f'checkpoint holds an official Pola-{detected.upper()} '
-                         f'model, but a Pola-{kind.upper()} backbone asked for it')
-    rules = _PVT_RULES if detected == PVT_KIND else _SWIN_RULES
+                         f'model, but a Pola-{family.upper()} backbone asked for it')
+    rules = _PVT_RULES if detected == PVT_FAMILY else _SWIN_RULES
     num_swin_stages = 1 + max(
         (int(m[1]) for m in map(re.compile(r'^layers\.(\d+)\.').match, state_dict)
          if m), default=-1)
@@ -137,17 +137,17 @@ def convert_official_checkpoint(src: str, dst: str) -> Dict[str, torch.Tensor]:
     _refuse_same_file(src, dst)
     state_dict = extract_state_dict(load_checkpoint_file(src, what='official checkpoint'),
                                     source=src)
-    kind = detect_official_kind(state_dict)
+    family = detect_official_family(state_dict)
     converted = convert_official_state_dict(state_dict)
     meta = dict(
         source=osp.basename(src),
-        backbone='PolaPVT' if kind == PVT_KIND else 'PolaSwin',
+        backbone='PolaPVT' if family == PVT_FAMILY else 'PolaSwin',
         converted_by=f'polaformer_mm {__version__}')
     atomic_save(dict(state_dict=converted, meta=meta), dst)
     return converted
 
 
-def load_backbone_weights(checkpoint: str, kind: str,
+def load_backbone_weights(checkpoint: str, family: str,
                           prefix: Optional[str] = None) -> Dict[str, torch.Tensor]:
     """Backbone state dict from a converted file (prefix stripped; without a prefix,
     'backbone.' is stripped when present), a bare backbone state dict, or an official
@@ -164,8 +164,8 @@ def load_backbone_weights(checkpoint: str, kind: str,
             "from a base config's model.pretrained (e.g. an mmseg ResNet), set "
             'pretrained=None') from err
     state_dict = extract_state_dict(obj, source=checkpoint)
-    if detect_official_kind(state_dict) is not None:
-        state_dict = convert_official_state_dict(state_dict, kind=kind)
+    if detect_official_family(state_dict) is not None:
+        state_dict = convert_official_state_dict(state_dict, family=family)
         prefix = 'backbone.'
     elif prefix is None and any(k.startswith('backbone.') for k in state_dict):
         prefix = 'backbone.'  # a whole-model checkpoint (ours, or mmdet/mmseg/mmpretrain)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from polaformer_mm import PolaPVT, PolaSwin
-from polaformer_mm.models.checkpoint import (convert_official_checkpoint,
+from polaformer_mm.models.official_weights import (convert_official_checkpoint,
                                              load_checkpoint_file)
 from polaformer_mm.models.utils import nlc_to_nchw
 
