@@ -1,1 +1,2 @@
+"""The version of polaformer_mm."""
 __version__ = '0.1.0'

@@ -74,9 +74,11 @@ class DatasetReport:
 
     @property
     def errors(self) -> List[str]:
+        """The findings that stop a run."""
         return [text for level, text in self.findings if level == 'error']
 
     def format(self) -> str:
+        """The report as printed: a summary line, then one line per finding."""
         lines = [f'{self.name}: {self.summary} [{self.seconds:.1f} s]']
         for level, text in self.findings:
             lines.append(f'  {level.upper() if level == "error" else level}: {text}')

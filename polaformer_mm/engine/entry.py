@@ -19,6 +19,8 @@ TASKS = ('mmdet', 'mmseg', 'mmpretrain')
 
 
 def task_of(cfg: Config) -> str:
+    """The config's ``default_scope`` (mmdet, mmseg or mmpretrain); a named error
+    otherwise."""
     scope = cfg.get('default_scope')
     if scope not in TASKS:
         raise ValueError(f'config default_scope={scope!r}: expected one of {TASKS} '
@@ -27,6 +29,7 @@ def task_of(cfg: Config) -> str:
 
 
 def load_config(path: str, cfg_options: Optional[dict] = None) -> Config:
+    """Read a config file, apply ``--cfg-options`` and check its scope."""
     if not osp.isfile(path):
         raise FileNotFoundError(f'config file not found: {path}')
     cfg = Config.fromfile(path)
@@ -158,6 +161,7 @@ def finish(succeeded: bool = True) -> None:
 
 
 def setup_local_rank(local_rank: Optional[int]) -> None:
+    """Export ``--local-rank`` (older launchers) as ``LOCAL_RANK`` for mmengine."""
     if 'LOCAL_RANK' not in os.environ and local_rank is not None:
         os.environ['LOCAL_RANK'] = str(local_rank)
 

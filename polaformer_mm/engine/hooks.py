@@ -60,12 +60,14 @@ class ResumableStateHook(Hook):
         self._gathered = None
 
     def after_train_epoch(self, runner) -> None:
+        """Gather every rank's random states before rank 0 saves the checkpoint."""
         # Runner.save_checkpoint runs on rank 0 only, so the ranks' states are collected
         # here, where every rank passes, just before CheckpointHook saves
         if get_world_size() > 1:
             self._gathered = (runner.epoch, all_gather_object(_rng_state()))
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        """Store the random states and make the checkpoint weights-only loadable."""
         if get_world_size() == 1:
             checkpoint['rng_states'] = [_rng_state()]
         elif self._gathered is not None and self._gathered[0] == runner.epoch:
@@ -84,6 +86,7 @@ class ResumableStateHook(Hook):
         return ok
 
     def before_train_epoch(self, runner) -> None:
+        """Restore the random states of the checkpoint a run resumed from."""
         if self._pending is not None:
             _set_rng_state(self._pending)
             self._pending = None

@@ -76,6 +76,7 @@ class PolaRunner(Runner):
 
     # -- distributed set-up ----------------------------------------------------------
     def setup_env(self, env_cfg: dict) -> None:
+        """mmengine's set-up; without CUDA a distributed run gets a gloo group first."""
         if self.distributed and not is_distributed() and not _cuda_usable():
             self._init_cpu_process_group(env_cfg)
         super().setup_env(env_cfg)
@@ -101,6 +102,7 @@ class PolaRunner(Runner):
         torch_dist.init_process_group(backend='gloo', timeout=timeout, **dist_cfg)
 
     def wrap_model(self, model_wrapper_cfg: Optional[dict], model):
+        """mmengine's DDP wrapping; without CUDA: SyncBN reverted, no ``device_ids``."""
         if not self.distributed or _cuda_usable() or is_model_wrapper(model):
             return super().wrap_model(model_wrapper_cfg, model)
         note = getattr(self, '_cpu_backend_note', None)
@@ -121,6 +123,8 @@ class PolaRunner(Runner):
         return MODEL_WRAPPERS.build(cfg, default_args=default_args)
 
     def build_optim_wrapper(self, optim_wrapper):
+        """mmengine's optimizer wrapper; ``AmpOptimWrapper`` falls back to float32
+        without CUDA (with a warning)."""
         if (isinstance(optim_wrapper, dict) and not _cuda_usable()
                 and optim_wrapper.get('type') == 'AmpOptimWrapper'):
             optim_wrapper = dict(optim_wrapper, type='OptimWrapper')
@@ -228,6 +232,7 @@ class PolaRunner(Runner):
                 'checkpoint=...)).')
 
     def resume(self, filename: str, *args, **kwargs) -> None:
+        """mmengine's resume, which also restores the random states of ``filename``."""
         self._resuming = True
         try:
             super().resume(filename, *args, **kwargs)

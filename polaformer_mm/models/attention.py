@@ -59,6 +59,7 @@ class SpatialReduction(nn.Module):
 
     def forward(self, x: Tensor,
                 hw_shape: Sequence[int]) -> Tuple[Tensor, Tuple[int, int]]:
+        """Reduced tokens and their grid (see the class docstring)."""
         x = self.sr(pad_to_multiple(nlc_to_nchw(x, hw_shape), self.ratio))
         kv_hw = (x.shape[2], x.shape[3])
         return self.norm(nchw_to_nlc(x)), kv_hw
@@ -139,6 +140,7 @@ class PolaLinearAttention(nn.Module):
             torch.zeros(1, self.pos_grid[0] * self.pos_grid[1], embed_dims))
 
     def extra_repr(self) -> str:
+        """The settings shown by ``print(module)``."""
         return (f'embed_dims={self.embed_dims}, num_heads={self.num_heads}, '
                 f'family={self.family!r}, sr_ratio={self.sr_ratio}, '
                 f'alpha={self.alpha}, pos_grid={self.pos_grid}')
@@ -322,6 +324,7 @@ class SpatialReductionAttention(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(self, x: Tensor, hw_shape: Sequence[int]) -> Tensor:
+        """Softmax attention of every token over the reduced tokens."""
         B, N, C = x.shape
         q = self.q(x).reshape(B, N, self.num_heads, self.head_dims).transpose(1, 2)
         if self.reduction is not None:
@@ -382,6 +385,8 @@ class WindowMSA(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        """Attention within each window, with the relative position bias and the
+        additive ``mask`` (per window, shared by the batch)."""
         Bw, T, C = x.shape
         qkv = self.qkv(x).reshape(Bw, T, 3, self.num_heads,
                                   self.head_dims).permute(2, 0, 3, 1, 4)

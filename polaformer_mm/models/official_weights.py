@@ -22,6 +22,8 @@ PVT_FAMILY, SWIN_FAMILY = 'pvt', 'swin'
 
 
 def extract_state_dict(obj, source: str = 'checkpoint') -> Dict[str, torch.Tensor]:
+    """The state dict of a loaded checkpoint: ``obj`` itself, or its ``state_dict``
+    or ``model`` entry; a named error when there is none."""
     if isinstance(obj, dict):
         for key in ('state_dict', 'model'):
             if isinstance(obj.get(key), dict):

@@ -95,6 +95,7 @@ class PatchEmbed(nn.Module):
         self.norm = build_norm_layer(norm_cfg, embed_dims)[1]
 
     def forward(self, x: Tensor) -> Tuple[Tensor, Tuple[int, int]]:
+        """Patch tokens and their grid (see the class docstring)."""
         x = self.proj(pad_to_multiple(x, self.patch_size))
         hw_shape = (x.shape[2], x.shape[3])
         return self.norm(nchw_to_nlc(x)), hw_shape
@@ -124,6 +125,7 @@ class Mlp(nn.Module):
         self.drop = nn.Dropout(drop)
 
     def forward(self, x: Tensor) -> Tensor:
+        """The MLP of every token."""
         return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
 
 

@@ -53,6 +53,7 @@ class MmcvBuildPlan(NamedTuple):
 
 
 def cpu_only_requested(env: Mapping[str, str]) -> bool:
+    """Whether ``env`` opts in to CPU-only mmcv ops (``POLA_MMCV_CPU_ONLY``)."""
     return env.get(CPU_ONLY_ENV, '').strip().lower() in TRUE_VALUES
 
 

@@ -34,6 +34,8 @@ class TorchvisionImportHook:
     """A ``sys.meta_path`` finder that runs once, on the first import of torchvision."""
 
     def find_spec(self, name, path=None, target=None):
+        """On the first ``import torchvision``: register the operator stand-ins if
+        needed, then step aside (torchvision itself is found by the usual finders)."""
         if name == 'torchvision':
             self.remove()
             try:
@@ -43,6 +45,7 @@ class TorchvisionImportHook:
         return None  # the regular finders import torchvision
 
     def remove(self) -> None:
+        """Take this finder off ``sys.meta_path``."""
         sys.meta_path[:] = [f for f in sys.meta_path if f is not self]
 
 

@@ -143,6 +143,7 @@ class PolaBackboneBase(BaseModule):
         self.with_cp = with_cp
 
     def forward_stages(self, x):
+        """Yield (raw stage tokens (B, h*w, C), (h, w)) for every stage."""
         raise NotImplementedError
 
     def _stage_output(self, index: int, tokens):
@@ -183,6 +184,8 @@ class PolaBackboneBase(BaseModule):
             _freeze(module)
 
     def train(self, mode: bool = True):
+        """Set the mode; frozen stages (and BN layers with ``norm_eval``) stay in
+        eval mode."""
         super().train(mode)
         self._freeze_stages()
         if mode and self.norm_eval:
@@ -192,6 +195,8 @@ class PolaBackboneBase(BaseModule):
         return self
 
     def init_weights(self) -> None:
+        """Load ``init_cfg`` Pretrained weights (official files converted on the
+        fly, strict), or apply the official initialisation without ``init_cfg``."""
         init_cfg = self.init_cfg
         if isinstance(init_cfg, dict) and init_cfg.get('type') == 'Pretrained':
             # Handled here rather than by mmengine's PretrainedInit so that an

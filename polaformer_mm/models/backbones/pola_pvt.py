@@ -160,6 +160,7 @@ class PVTStage(BaseModule):
         self._pos_encodings = StagePositionalEncodings()
 
     def forward(self, x: Tensor) -> Tuple[Tensor, Tuple[int, int]]:
+        """The stage's tokens and grid for the map ``x`` (see the class docstring)."""
         x, hw_shape = self.patch_embed(x)
         pos = resize_token_grid(self.pos_embed, self.pos_grid, hw_shape,
                                 mode='bilinear')

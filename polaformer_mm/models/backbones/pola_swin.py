@@ -31,6 +31,7 @@ def window_partition(x: torch.Tensor, window_size: int) -> torch.Tensor:
 
 def window_reverse(windows: torch.Tensor, window_size: int, Hp: int,
                    Wp: int) -> torch.Tensor:
+    """(B * nW, window_size**2, C) -> (B, Hp, Wp, C), the inverse of window_partition."""
     C = windows.shape[-1]
     x = windows.view(-1, Hp // window_size, Wp // window_size, window_size,
                      window_size, C)
@@ -214,6 +215,7 @@ class SwinBlock(BaseModule):
 
     def forward(self, x: Tensor, hw_shape: Sequence[int],
                 pos_encoding: Optional[Tensor] = None) -> Tensor:
+        """The block on tokens (B, H*W, C) (see the class docstring)."""
         y = self.norm1(x)
         if self.uses_pola and self.window_size is None:
             y = self.attn(y, hw_shape, pos_encoding=pos_encoding)
@@ -249,6 +251,7 @@ class PatchMerging(BaseModule):
 
     def forward(self, x: Tensor,
                 hw_shape: Sequence[int]) -> Tuple[Tensor, Tuple[int, int]]:
+        """Merged tokens and their grid (see the class docstring)."""
         H, W = hw_shape
         B, N, C = x.shape
         x = x.view(B, H, W, C)
@@ -309,6 +312,8 @@ class SwinStage(BaseModule):
 
     def forward(self, x: Tensor, hw_shape: Sequence[int]
                 ) -> Tuple[Tensor, Tuple[int, int], Tensor, Tuple[int, int]]:
+        """The stage's output and grid, and the downsampled ones (see the class
+        docstring)."""
         global_blocks = [
             b.attn if b.uses_pola and b.window_size is None else None
             for b in self.blocks
