@@ -8,7 +8,7 @@ STAMP := $(VENV)/.polaformer_mm-installed
 HOOK := $(VENV)/.polaformer_mm-startup-hook
 PYTEST_ARGS ?=
 
-.PHONY: install test quickstart clean-venv
+.PHONY: install test quickstart clean-venv lint format
 
 install: $(STAMP) $(PKG) $(HOOK)
 
@@ -46,6 +46,27 @@ $(HOOK): $(PKG) polaformer_mm/utils/startup_hook.py
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Style (OpenMMLab: flake8, isort, yapf; interrogate for docstring coverage), settings in
+# setup.cfg; the same tools as .pre-commit-config.yaml. Needs only the venv and
+# requirements/lint.txt, not the stack. `make format` rewrites files in place.
+LINT_STAMP := $(VENV)/.polaformer_mm-lint
+LINT_PATHS := polaformer_mm tools tests configs setup.py
+YAPF_EXCLUDE := --exclude 'polaformer_mm/.mim/**'
+$(LINT_STAMP): $(PY) requirements/lint.txt
+	$(PIP) install -r requirements/lint.txt
+	touch $(LINT_STAMP)
+
+lint: $(LINT_STAMP)
+	$(VENV)/bin/flake8 $(LINT_PATHS)
+	$(VENV)/bin/isort --check-only --diff $(LINT_PATHS)
+	$(VENV)/bin/yapf --diff --recursive $(YAPF_EXCLUDE) $(LINT_PATHS)
+	$(VENV)/bin/interrogate -c setup.cfg polaformer_mm
+	@echo 'lint ok'
+
+format: $(LINT_STAMP)
+	$(VENV)/bin/isort $(LINT_PATHS)
+	$(VENV)/bin/yapf --in-place --recursive $(YAPF_EXCLUDE) $(LINT_PATHS)
 
 # The main job on built-in data: synthetic data, train + evaluate Mask R-CNN and Semantic FPN
 # with Pola-PVT-T, compare with the untrained model, write prediction images.

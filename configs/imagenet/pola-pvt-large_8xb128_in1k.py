@@ -5,10 +5,10 @@
 # Mixup/CutMix, label smoothing 0.1), as 8 GPUs x 128 images. See
 # pola-swin-tiny_8xb128_in1k.py for the weight decay rules (PVT's 'pos_embed' keeps decay,
 # as in FLatten-PVT, whose no_weight_decay holds only 'cls_token').
-# NOTE: PolaFormer's per-model pola_pvt_*.yaml are not in the searchable index. Those of
-# FLatten-Transformer (cfgs/flatten_pvt_{t,s,m,b}.yaml, the code and README PolaFormer
-# copies) override the defaults for PVT: 5-epoch warm-up from 1e-6, min lr 1e-5, no
-# gradient clip for T/S and clip 1.0 for M/L, 128/64/64/32 images per GPU; not applied.
+# NOTE: PolaFormer's per-model cfgs/pola_pvt_{t,s,m,b}.yaml override the defaults for
+# PVT: base lr 5e-4, 5-epoch warm-up from 1e-6, min lr 1e-5, no gradient clip for T/S
+# and clip 1.0 for M/L, 128/64/64/32 images per GPU, drop path 0.1/0.1/0.3/0.3. These
+# overrides are not applied here: these configs keep the common recipe above.
 # Drop path 0.3 (official PVT / FLatten-PVT).
 #
 # Evaluate a converted official checkpoint (tools/model_converters/official2mm.py):

@@ -8,9 +8,9 @@
 # as 8 x 128 images. Weight decay rules are mmpretrain's Swin ones, which mirror the
 # official optimizer (no decay for 1-D parameters, biases, norms and
 # relative_position_bias_table); Pola's 'power', 'scale' and 'positional_encoding' are
-# not 1-D and keep decay there, as they do in the official code (FLatten-Transformer's
-# no_weight_decay lists, which PolaFormer builds on; PolaFormer's own model files are not
-# in the searchable index). Drop path 0.3 (FLatten-Transformer cfgs/flatten_swin_s.yaml).
+# not 1-D and keep decay there, as they do in the official code (its no_weight_decay
+# lists in models/pola_swin.py hold only absolute_pos_embed and
+# relative_position_bias_table). Drop path 0.3 (FLatten-Transformer cfgs/flatten_swin_s.yaml).
 #
 # Evaluate a converted official checkpoint (tools/model_converters/official2mm.py):
 #   python tools/test.py configs/imagenet/pola-swin-small_8xb128_in1k.py \

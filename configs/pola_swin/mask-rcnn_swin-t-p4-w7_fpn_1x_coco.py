@@ -14,10 +14,11 @@ custom_imports = dict(imports=['polaformer_mm'], allow_failed_imports=False)
 # P ('positional_encoding') and PVT's 'pos_embed' (inert for a Swin baseline). Pola's
 # learnable 'power' and 'scale' keep weight decay, as in the official classification
 # training: its optimizer (Swin codebase set_weight_decay) exempts only 1-D parameters,
-# biases and the names in no_weight_decay{,_keywords}, which in FLatten-Transformer (the
-# code PolaFormer builds on) are absolute_pos_embed / relative_position_bias_table;
-# power (1,h,1,d) and scale (1,1,C) are not 1-D. PolaFormer's own model files are not in
-# the searchable index, so this could not be checked against them directly.
+# biases and the names in the model's no_weight_decay{,_keywords} (in PolaFormer's
+# models/pola_swin.py: absolute_pos_embed / relative_position_bias_table); power
+# (1,h,1,d), scale (1,1,C) and positional_encoding (1,n,C) are not 1-D, so the official
+# training decays all three. Our dense configs exempt positional_encoding (a position
+# table, like relative_position_bias_table) and keep decay on power and scale.
 optim_wrapper = dict(
     paramwise_cfg=dict(
         custom_keys={
