@@ -2,7 +2,6 @@ import os
 import os.path as osp
 import shutil
 import sys
-
 from setuptools import find_packages, setup
 
 # What OpenMMLab's `mim` reads from an installed package's `.mim` folder: the model index

@@ -9,9 +9,10 @@ from .utils.torchvision_compat import ensure_torchvision_importable
 
 ensure_torchvision_importable(warn=True)  # before anything imports torchvision
 
-from .models import PolaLinearAttention, PolaPVT, PolaSwin  # noqa: E402
 from .engine import PolaRunner, ResumableStateHook  # noqa: E402
+from .models import PolaLinearAttention, PolaPVT, PolaSwin  # noqa: E402
 from .version import __version__  # noqa: E402
 
-__all__ = ['PolaLinearAttention', 'PolaPVT', 'PolaSwin', 'PolaRunner', 'ResumableStateHook',
-           '__version__']
+__all__ = [
+    'PolaLinearAttention', 'PolaPVT', 'PolaSwin', 'PolaRunner', 'ResumableStateHook', '__version__'
+]

@@ -9,10 +9,7 @@ import torch
 NO_CUDA_REASON = 'needs a CUDA GPU (torch.cuda.is_available() is False)'
 
 #: Both marks: ``cuda`` (for ``-m cuda``) and the skip when no GPU is visible.
-CUDA = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA_REASON)
-]
+CUDA = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA_REASON)]
 
 
 def cuda_test(fn):

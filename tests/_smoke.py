@@ -33,8 +33,10 @@ def _shrink_transform(t):
         elif key == 'crop_size':
             t[key] = (SMALL, SMALL)
         elif key == 'transforms' and isinstance(value, (tuple, list)):
-            t[key] = [_shrink_pipeline(v) if isinstance(v, (list, tuple))
-                      else _shrink_transform(v) for v in value]
+            t[key] = [
+                _shrink_pipeline(v) if isinstance(v, (list, tuple)) else _shrink_transform(v)
+                for v in value
+            ]
     return t
 
 
@@ -167,8 +169,13 @@ def smoke_classification_config(cfg, data_root, work_dir):
     for split, subset in (('train', 'train'), ('val', 'val'), ('test', 'val')):
         loader = _small_loader(cfg, split, 2)
         pipeline = [_shrink_cls_transform(t) for t in loader.dataset.pipeline]
-        loader.dataset = dict(type='CustomDataset', data_root=data_root, data_prefix=subset,
-                              with_label=True, indices=2, pipeline=pipeline)
+        loader.dataset = dict(
+            type='CustomDataset',
+            data_root=data_root,
+            data_prefix=subset,
+            with_label=True,
+            indices=2,
+            pipeline=pipeline)
     _one_step(cfg)
     # the 20-epoch warm-up and the cosine after it, both squeezed into the one epoch
     schedulers = cfg.param_scheduler
@@ -201,8 +208,8 @@ def _diff(old, new, key, out):
             raise ValueError(f'{key}: keys {sorted(gone)} removed; not expressible')
         for k, v in new.items():
             _diff(old.get(k, _MISSING), v, f'{key}.{k}' if key else k, out)
-    elif (isinstance(new, (list, tuple)) and isinstance(old, (list, tuple))
-          and len(old) == len(new) and any(isinstance(v, dict) for v in new)):
+    elif (isinstance(new, (list, tuple)) and isinstance(old, (list, tuple)) and len(old) == len(new)
+          and any(isinstance(v, dict) for v in new)):
         for i, (a, b) in enumerate(zip(old, new)):
             _diff(a, b, f'{key}.{i}', out)
     elif old is _MISSING or old != new:

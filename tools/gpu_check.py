@@ -60,12 +60,16 @@ def _run(cmd: List[str], log: str, timeout: float, env=None) -> dict:
         f.write('$ ' + shlex.join(cmd) + '\n')
         f.flush()
         try:
-            rc = subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
-                                timeout=timeout, env=env).returncode
+            rc = subprocess.run(
+                cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
+                env=env).returncode
         except subprocess.TimeoutExpired:
             rc = None
-    return dict(rc=rc, seconds=round(time.perf_counter() - start, 1), log=osp.basename(log),
-                timed_out=rc is None)
+    return dict(
+        rc=rc,
+        seconds=round(time.perf_counter() - start, 1),
+        log=osp.basename(log),
+        timed_out=rc is None)
 
 
 def _tail(log: str, n: int = 20) -> str:
@@ -105,7 +109,10 @@ print('@@probe ' + json.dumps(out))
 def probe_environment(python: str) -> dict:
     """Which parts of the stack import, in a fresh process (a broken one cannot take
     the check down with it)."""
-    proc = subprocess.run([python, '-c', PROBE], cwd=REPO, capture_output=True, text=True,
+    proc = subprocess.run([python, '-c', PROBE],
+                          cwd=REPO,
+                          capture_output=True,
+                          text=True,
                           timeout=600)
     for line in proc.stdout.splitlines():
         if line.startswith('@@probe '):
@@ -121,19 +128,29 @@ def environment(torch) -> dict:
     gpus = []
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
-        gpus.append(dict(name=p.name, capability=f'{p.major}.{p.minor}',
-                         memory_gib=round(p.total_memory / 2**30, 1)))
+        gpus.append(
+            dict(
+                name=p.name,
+                capability=f'{p.major}.{p.minor}',
+                memory_gib=round(p.total_memory / 2**30, 1)))
     driver = None
     try:
-        driver = subprocess.run(['nvidia-smi', '--query-gpu=driver_version',
-                                 '--format=csv,noheader'], capture_output=True, text=True,
-                                timeout=60).stdout.strip().splitlines()[0]
+        driver = subprocess.run(
+            ['nvidia-smi', '--query-gpu=driver_version', '--format=csv,noheader'],
+            capture_output=True,
+            text=True,
+            timeout=60).stdout.strip().splitlines()[0]
     except (OSError, subprocess.SubprocessError, IndexError):
         pass
-    return dict(python=platform.python_version(), executable=sys.executable,
-                torch=torch.__version__, torch_cuda=torch.version.cuda,
-                cudnn=torch.backends.cudnn.version(), driver=driver, gpus=gpus,
-                cuda_visible_devices=os.environ.get('CUDA_VISIBLE_DEVICES'))
+    return dict(
+        python=platform.python_version(),
+        executable=sys.executable,
+        torch=torch.__version__,
+        torch_cuda=torch.version.cuda,
+        cudnn=torch.backends.cudnn.version(),
+        driver=driver,
+        gpus=gpus,
+        cuda_visible_devices=os.environ.get('CUDA_VISIBLE_DEVICES'))
 
 
 # ------------------------------------------------------------------------------- steps
@@ -165,8 +182,10 @@ print('@@smoke ' + json.dumps(res))
 def step_smoke(args, ctx) -> dict:
     log = osp.join(ctx['out'], 'smoke.log')
     if not _ok(ctx['probe'].get('polaformer_mm')):
-        return dict(status='failed', reason='import polaformer_mm failed: '
-                    f"{ctx['probe'].get('polaformer_mm')}")
+        return dict(
+            status='failed',
+            reason='import polaformer_mm failed: '
+            f"{ctx['probe'].get('polaformer_mm')}")
     run = _run([args.python, '-c', SMOKE], log, args.step_timeout)
     results = None
     with open(log) as f:
@@ -176,8 +195,11 @@ def step_smoke(args, ctx) -> dict:
     if run['rc'] != 0 or results is None:
         return dict(status='failed', reason=f'exit {run["rc"]}: {_tail(log)}', **run)
     bad = [k for k, v in results.items() if not v['finite'] or not math.isfinite(v['loss'])]
-    return dict(status='failed' if bad else 'passed', results=results,
-                reason=f'non-finite: {bad}' if bad else None, **run)
+    return dict(
+        status='failed' if bad else 'passed',
+        results=results,
+        reason=f'non-finite: {bad}' if bad else None,
+        **run)
 
 
 def _junit_counts(path: str) -> dict:
@@ -218,15 +240,19 @@ def cuda_test_files() -> List[str]:
 
 def step_tests(args, ctx) -> dict:
     if not _ok(ctx['probe'].get('pytest')):
-        return dict(status='skipped', reason='pytest is not installed '
-                    f"({ctx['probe'].get('pytest')}); pip install pytest")
+        return dict(
+            status='skipped',
+            reason='pytest is not installed '
+            f"({ctx['probe'].get('pytest')}); pip install pytest")
     log = osp.join(ctx['out'], 'pytest.log')
     xml = osp.join(ctx['out'], 'pytest.xml')
     files = cuda_test_files()
     if not files:
         return dict(status='failed', reason='no test file under tests/ has CUDA tests')
-    run = _run([args.python, '-m', 'pytest', '-m', 'cuda', '-rs', '-q', '-p',
-                'no:cacheprovider', f'--junitxml={xml}', *files], log, args.step_timeout)
+    run = _run([
+        args.python, '-m', 'pytest', '-m', 'cuda', '-rs', '-q', '-p', 'no:cacheprovider',
+        f'--junitxml={xml}', *files
+    ], log, args.step_timeout)
     if not osp.isfile(xml):
         return dict(status='failed', reason=f'pytest wrote no report: {_tail(log)}', **run)
     res = _junit_counts(xml)
@@ -248,10 +274,12 @@ def step_benchmark(args, ctx) -> dict:
         note = ('softmax baselines skipped: they are mmdet modules and mmdet does not '
                 f"import ({ctx['probe'].get('mmdet.models')})")
     log = osp.join(ctx['out'], 'benchmark.log')
-    cmd = [args.python, 'tools/analysis_tools/benchmark_backbone.py', '--device', 'cuda',
-           '--backbones', *backbones, '--sizes', '512x512', '800x1333', '1024x1024',
-           '--batch', '2', '--mode', 'forward', 'train', '--amp', 'none', 'bf16', 'fp16',
-           '--repeat', str(args.bench_repeat), '--warmup', '3', '--out-dir', ctx['out']]
+    cmd = [
+        args.python, 'tools/analysis_tools/benchmark_backbone.py', '--device', 'cuda',
+        '--backbones', *backbones, '--sizes', '512x512', '800x1333', '1024x1024', '--batch', '2',
+        '--mode', 'forward', 'train', '--amp', 'none', 'bf16', 'fp16', '--repeat',
+        str(args.bench_repeat), '--warmup', '3', '--out-dir', ctx['out']
+    ]
     if not _ok(ctx['probe'].get('matplotlib')):
         cmd.append('--no-plot')
     run = _run(cmd, log, args.step_timeout)
@@ -260,17 +288,27 @@ def step_benchmark(args, ctx) -> dict:
         return dict(status='failed', reason=f'exit {run["rc"]}: {_tail(log)}', **run)
     with open(path) as f:
         data = json.load(f)
-    bad = [f"{r['backbone']} {r['mode']} {r['precision']} {r['height']}x{r['width']}: "
-           f"{r['status']}" for r in data['results'] if r['status'] != 'ok']
-    ratios = {f"{q['pola']}/{q['baseline']} {q['mode']} {q['precision']} "
-              f"{q['height']}x{q['width']} b{q['batch']}": dict(
-                  time=round(q['time'], 3),
-                  mem_delta=None if q['mem_delta'] is None else round(q['mem_delta'], 3))
-              for q in data['ratios']}
+    bad = [
+        f"{r['backbone']} {r['mode']} {r['precision']} {r['height']}x{r['width']}: "
+        f"{r['status']}" for r in data['results'] if r['status'] != 'ok'
+    ]
+    ratios = {
+        f"{q['pola']}/{q['baseline']} {q['mode']} {q['precision']} "
+        f"{q['height']}x{q['width']} b{q['batch']}":
+        dict(
+            time=round(q['time'], 3),
+            mem_delta=None if q['mem_delta'] is None else round(q['mem_delta'], 3))
+        for q in data['ratios']
+    }
     status = 'failed' if run['rc'] != 0 or bad else 'passed'
-    return dict(status=status, reason='; '.join(bad) or None, note=note, ratios=ratios,
-                files=['benchmark_backbone.md', 'benchmark_backbone.json'] + (
-                    ['benchmark_backbone.png'] if '--no-plot' not in cmd else []), **run)
+    return dict(
+        status=status,
+        reason='; '.join(bad) or None,
+        note=note,
+        ratios=ratios,
+        files=['benchmark_backbone.md', 'benchmark_backbone.json'] +
+        (['benchmark_backbone.png'] if '--no-plot' not in cmd else []),
+        **run)
 
 
 def _train_config(task: str, data_root: str, work_dir: str, iters: int, batch: int) -> str:
@@ -291,11 +329,12 @@ def _train_config(task: str, data_root: str, work_dir: str, iters: int, batch: i
         cfg.model.data_preprocessor.size = DET_SIZE
     cfg.train_cfg = dict(type='IterBasedTrainLoop', max_iters=iters, val_interval=10**9)
     cfg.val_dataloader = cfg.val_cfg = cfg.val_evaluator = None
-    cfg.param_scheduler = [dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0,
-                                end=min(10, iters))]
+    cfg.param_scheduler = [
+        dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0, end=min(10, iters))
+    ]
     cfg.default_hooks.logger = dict(type='LoggerHook', interval=1)
-    cfg.default_hooks.checkpoint = dict(type='CheckpointHook', by_epoch=False,
-                                        interval=10**9, save_last=False)
+    cfg.default_hooks.checkpoint = dict(
+        type='CheckpointHook', by_epoch=False, interval=10**9, save_last=False)
     cfg.log_processor = dict(type='LogProcessor', window_size=1, by_epoch=False)
     path = osp.join(osp.dirname(work_dir), f'train_{task}_config.py')
     cfg.dump(path)
@@ -316,14 +355,15 @@ def train_one(args, ctx, task: str) -> dict:
     ops = probe.get('mmcv_ops') or {}
     if task == 'det':
         if not _ok(probe.get('mmdet.models')):
-            return dict(status='skipped',
-                        reason=f"mmdet does not import: {probe.get('mmdet.models')}")
+            return dict(
+                status='skipped', reason=f"mmdet does not import: {probe.get('mmdet.models')}")
         if not (isinstance(ops, dict) and ops.get('compiled_ops') and ops.get('cuda')):
-            return dict(status='skipped', reason='Mask R-CNN needs mmcv ops built with CUDA; '
-                        f'this mmcv: {ops}')
+            return dict(
+                status='skipped',
+                reason='Mask R-CNN needs mmcv ops built with CUDA; '
+                f'this mmcv: {ops}')
     elif not _ok(probe.get('mmseg.models')):
-        return dict(status='skipped',
-                    reason=f"mmseg does not import: {probe.get('mmseg.models')}")
+        return dict(status='skipped', reason=f"mmseg does not import: {probe.get('mmseg.models')}")
     work = osp.join(ctx['out'], 'work', task)
     os.makedirs(work, exist_ok=True)
     cfg_path = _train_config(task, ctx['data_root'], work, args.train_iters, args.train_batch)
@@ -346,16 +386,23 @@ def loss_verdict(rows: List[dict], iters: int) -> dict:
     finite = all(math.isfinite(v) for v in losses)
     falling = finite and last < first
     times = sorted(r['time'] for r in rows[k:] if 'time' in r)
-    res = dict(iters=len(losses), loss_first=round(losses[0], 4), loss_last=round(losses[-1], 4),
-               loss_mean_first=round(first, 4), loss_mean_last=round(last, 4), finite=finite,
-               falling=falling,
-               sec_per_iter=round(times[len(times) // 2], 4) if times else None,
-               memory_mb=max((r.get('memory', 0) for r in rows), default=None))
-    problems = [p for p, ok in (('a non-finite loss', finite), ('the loss did not fall', falling),
-                                (f'{len(losses)} of {iters} iterations logged',
-                                 len(losses) == iters)) if not ok]
-    return dict(status='failed' if problems else 'passed', reason='; '.join(problems) or None,
-                **res)
+    res = dict(
+        iters=len(losses),
+        loss_first=round(losses[0], 4),
+        loss_last=round(losses[-1], 4),
+        loss_mean_first=round(first, 4),
+        loss_mean_last=round(last, 4),
+        finite=finite,
+        falling=falling,
+        sec_per_iter=round(times[len(times) // 2], 4) if times else None,
+        memory_mb=max((r.get('memory', 0) for r in rows), default=None))
+    problems = [
+        p for p, ok in (('a non-finite loss', finite), ('the loss did not fall', falling),
+                        (f'{len(losses)} of {iters} iterations logged', len(losses) == iters))
+        if not ok
+    ]
+    return dict(
+        status='failed' if problems else 'passed', reason='; '.join(problems) or None, **res)
 
 
 def step_train(args, ctx) -> dict:
@@ -369,14 +416,12 @@ def step_train(args, ctx) -> dict:
     ctx['data_root'] = data_root
     tasks = {task: train_one(args, ctx, task) for task in QUICKSTART}
     statuses = {t['status'] for t in tasks.values()}
-    status = ('failed' if 'failed' in statuses else
-              'passed' if 'passed' in statuses else 'skipped')
+    status = ('failed' if 'failed' in statuses else 'passed' if 'passed' in statuses else 'skipped')
     reasons = [f'{k}: {v["reason"]}' for k, v in tasks.items() if v.get('reason')]
     return dict(status=status, reason='; '.join(reasons) or None, tasks=tasks)
 
 
-STEP_FUNCS = dict(smoke=step_smoke, tests=step_tests, benchmark=step_benchmark,
-                  train=step_train)
+STEP_FUNCS = dict(smoke=step_smoke, tests=step_tests, benchmark=step_benchmark, train=step_train)
 
 
 # ------------------------------------------------------------------------------ report
@@ -412,13 +457,20 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description='Run the CUDA tests, benchmark and AMP training '
                                 'and write one report folder')
     p.add_argument('--out-dir', help='report folder (default work_dirs/gpu_check/<date-time>)')
-    p.add_argument('--steps', nargs='+', choices=STEPS, default=list(STEPS),
-                   help='steps to run (default: all)')
+    p.add_argument(
+        '--steps',
+        nargs='+',
+        choices=STEPS,
+        default=list(STEPS),
+        help='steps to run (default: all)')
     p.add_argument('--train-iters', type=int, default=50)
     p.add_argument('--train-batch', type=int, default=2)
     p.add_argument('--bench-repeat', type=int, default=10)
-    p.add_argument('--step-timeout', type=float, default=1800,
-                   help='seconds one step (one subprocess) may take')
+    p.add_argument(
+        '--step-timeout',
+        type=float,
+        default=1800,
+        help='seconds one step (one subprocess) may take')
     args = p.parse_args(argv)
     args.python = sys.executable  # every step runs with this interpreter
     if args.train_iters < 20:
@@ -436,17 +488,23 @@ def main(argv=None) -> int:
         print(f'gpu-check: torch does not import ({e}); nothing to check', file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
-        print(f'gpu-check needs a CUDA GPU, and torch sees none: torch {torch.__version__} '
-              f'(built for CUDA {torch.version.cuda}), torch.cuda.is_available() is False, '
-              f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}. Run it on "
-              'a machine with an NVIDIA GPU, its driver and a CUDA build of torch.',
-              file=sys.stderr)
+        print(
+            f'gpu-check needs a CUDA GPU, and torch sees none: torch {torch.__version__} '
+            f'(built for CUDA {torch.version.cuda}), torch.cuda.is_available() is False, '
+            f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}. Run it on "
+            'a machine with an NVIDIA GPU, its driver and a CUDA build of torch.',
+            file=sys.stderr)
         return 2
     stamp = datetime.datetime.now().strftime('%Y%m%d_%H%M%S')
     out = osp.abspath(args.out_dir or osp.join(REPO, 'work_dirs', 'gpu_check', stamp))
     os.makedirs(out, exist_ok=True)
-    report = dict(started=stamp, command=shlex.join([sys.executable] + sys.argv),
-                  out_dir=out, env=environment(torch), steps={}, verdict='running')
+    report = dict(
+        started=stamp,
+        command=shlex.join([sys.executable] + sys.argv),
+        out_dir=out,
+        env=environment(torch),
+        steps={},
+        verdict='running')
     ctx = dict(out=out)
     ctx['probe'] = report['probe'] = probe_environment(args.python)
     path = osp.join(out, 'report.json')
@@ -461,14 +519,16 @@ def main(argv=None) -> int:
             result = dict(status='failed', reason=f'{type(e).__name__}: {e}')
         result.setdefault('seconds', round(time.perf_counter() - start, 1))
         report['steps'][name] = result
-        print(f"gpu-check: {name} {result['status']}"
-              + (f": {result['reason']}"[:300] if result.get('reason') else ''), flush=True)
+        print(
+            f"gpu-check: {name} {result['status']}" +
+            (f": {result['reason']}"[:300] if result.get('reason') else ''),
+            flush=True)
         with open(path, 'w') as f:
             json.dump(report, f, indent=1)
     failed = [n for n, s in report['steps'].items() if s['status'] == 'failed']
     skipped = [n for n, s in report['steps'].items() if s['status'] == 'skipped']
-    report['verdict'] = ('FAILED: ' + ', '.join(failed) if failed else
-                         'passed' + (f" (skipped: {', '.join(skipped)})" if skipped else ''))
+    report['verdict'] = ('FAILED: ' + ', '.join(failed) if failed else 'passed' +
+                         (f" (skipped: {', '.join(skipped)})" if skipped else ''))
     with open(path, 'w') as f:
         json.dump(report, f, indent=1)
     print('\n'.join(summary_lines(report)))

@@ -54,23 +54,34 @@ def _family(folder, pattern, archs):
 
 # task -> description, whether the --tta test runs, arch -> Pola config (under configs/)
 TASKS = {
-    'mask-rcnn-1x': dict(
-        desc='COCO Mask R-CNN 1x', tta=False, configs={
+    'mask-rcnn-1x':
+    dict(
+        desc='COCO Mask R-CNN 1x',
+        tta=False,
+        configs={
             **_family('pola_pvt', 'mask-rcnn_pola-pvt-{}_fpn_1x_coco.py', 'tsml'),
-            **_family('pola_swin', 'mask-rcnn_pola-swin-{}-p4-w7_fpn_1x_coco.py', 'ts')}),
-    'mask-rcnn-3x': dict(
-        desc='COCO Mask R-CNN 3x (multi-scale + crop)', tta=False, configs=_family(
-            'pola_swin', 'mask-rcnn_pola-swin-{}-p4-w7_fpn_ms-crop-3x_coco.py', 'ts')),
-    'retinanet-1x': dict(
-        desc='COCO RetinaNet 1x', tta=False,
+            **_family('pola_swin', 'mask-rcnn_pola-swin-{}-p4-w7_fpn_1x_coco.py', 'ts')
+        }),
+    'mask-rcnn-3x':
+    dict(
+        desc='COCO Mask R-CNN 3x (multi-scale + crop)',
+        tta=False,
+        configs=_family('pola_swin', 'mask-rcnn_pola-swin-{}-p4-w7_fpn_ms-crop-3x_coco.py', 'ts')),
+    'retinanet-1x':
+    dict(
+        desc='COCO RetinaNet 1x',
+        tta=False,
         configs=_family('pola_pvt', 'retinanet_pola-pvt-{}_fpn_1x_coco.py', 'tsml')),
-    'semantic-fpn': dict(
-        desc='ADE20K Semantic FPN 80k', tta=True,
+    'semantic-fpn':
+    dict(
+        desc='ADE20K Semantic FPN 80k',
+        tta=True,
         configs=_family('pola_pvt', 'fpn_pola-pvt-{}_4xb4-80k_ade20k-512x512.py', 'tsml')),
-    'upernet': dict(
-        desc='ADE20K UperNet 160k', tta=True,
-        configs=_family('pola_swin', 'upernet_pola-swin-{}_8xb2-160k_ade20k-512x512.py',
-                        'tsb')),
+    'upernet':
+    dict(
+        desc='ADE20K UperNet 160k',
+        tta=True,
+        configs=_family('pola_swin', 'upernet_pola-swin-{}_8xb2-160k_ade20k-512x512.py', 'tsb')),
 }
 
 
@@ -144,8 +155,12 @@ def describe_cost(cfg: Config, path: str) -> str:
 class Step:
     """One command line (or a note about a skipped one)."""
 
-    def __init__(self, note: str, argv: Optional[List[str]] = None,
-                 env: Optional[Dict[str, str]] = None, check=None, call=None,
+    def __init__(self,
+                 note: str,
+                 argv: Optional[List[str]] = None,
+                 env: Optional[Dict[str, str]] = None,
+                 check=None,
+                 call=None,
                  needs: Optional[List[str]] = None):
         self.note, self.argv, self.env, self.check = note, argv, env or {}, check
         self.call = call  # runs argv[2:] in this process instead of a new one
@@ -164,12 +179,12 @@ class Planner:
         self.options = options
         self.option_strings = option_strings
 
-    def _launch(self, script: str, dist_script: str, head: List[str], gpus: int,
-                tail: List[str]):
+    def _launch(self, script: str, dist_script: str, head: List[str], gpus: int, tail: List[str]):
         if gpus == 1:
             return [sys.executable, _show(osp.join(REPO, 'tools', script))] + head + tail, {}
-        return (['bash', _show(osp.join(REPO, 'tools', dist_script))] + head + [str(gpus)] +
-                tail, {'PYTHON': sys.executable})
+        return (['bash', _show(osp.join(REPO, 'tools', dist_script))] + head + [str(gpus)] + tail, {
+            'PYTHON': sys.executable
+        })
 
     def _batch_option(self, cfg: Config, config: str, gpus: int) -> List[str]:
         """``train_dataloader.batch_size=...`` keeping the protocol's total batch on
@@ -206,10 +221,9 @@ class Planner:
             if latest:
                 tail.append('--resume')
                 note += f', resuming from {_show(latest)}'
-            argv, env = self._launch('train.py', 'dist_train.sh', head, gpus,
-                                     tail + train_opts)
-            steps.append(Step(note, argv, env, check=lambda: _require(final),
-                              needs=_local_weights(cfg)))
+            argv, env = self._launch('train.py', 'dist_train.sh', head, gpus, tail + train_opts)
+            steps.append(
+                Step(note, argv, env, check=lambda: _require(final), needs=_local_weights(cfg)))
         tests = [('test', False)]
         if TASKS[task]['tta']:
             tests.append(('test_tta', True))
@@ -217,19 +231,20 @@ class Planner:
             test_dir = osp.join(run_dir, sub)
             kind = 'multi-scale + flip (--tta)' if tta else 'single scale'
             if _tested(test_dir, final, tta, self.options):
-                steps.append(Step(f'{role} {name}: tested, {kind} '
-                                  f'({_show(osp.join(test_dir, METRICS_FILE))})'))
+                steps.append(
+                    Step(f'{role} {name}: tested, {kind} '
+                         f'({_show(osp.join(test_dir, METRICS_FILE))})'))
                 continue
             tail = ['--work-dir', _show(test_dir)] + (['--tta'] if tta else []) + opts
-            argv, env = self._launch('test.py', 'dist_test.sh', [shown_cfg, _show(final)],
-                                     gpus, tail)
+            argv, env = self._launch('test.py', 'dist_test.sh', [shown_cfg, _show(final)], gpus,
+                                     tail)
             steps.append(Step(f'{role} {name}: test, {kind}', argv, env))
         return steps
 
     def plan(self, task: str, arch: str) -> List[Step]:
         pola = pola_config(task, arch)
-        return (self.run_steps(task, pola, 'Pola') +
-                self.run_steps(task, softmax_config(pola), 'softmax'))
+        return (self.run_steps(task, pola, 'Pola')
+                + self.run_steps(task, softmax_config(pola), 'softmax'))
 
     def table_step(self, task: str, planned: List[str]) -> Optional[Step]:
         runs = []
@@ -243,8 +258,11 @@ class Planner:
             return None
         out = osp.join(self.args.work_root, f'gain_table_{task}')
         argv = [sys.executable, _show(osp.join(REPO, 'tools/analysis_tools/gain_table.py'))]
-        argv += runs + ['--out', _show(out), '--flops-cache',
-                        _show(osp.join(self.args.work_root, 'flops_cache.json'))]
+        argv += runs + [
+            '--out',
+            _show(out), '--flops-cache',
+            _show(osp.join(self.args.work_root, 'flops_cache.json'))
+        ]
         return Step(f'{TASKS[task]["desc"]}: gain table', argv, call=gain_table.main)
 
 
@@ -267,9 +285,11 @@ def _latest_checkpoint(run_dir: str) -> Optional[str]:
 def _local_weights(cfg: Config) -> List[str]:
     """Local checkpoint files the backbone's ``init_cfg`` loads (URLs are downloaded)."""
     init = cfg.model.get('backbone', {}).get('init_cfg') or []
-    return [i['checkpoint'] for i in (init if isinstance(init, list) else [init])
-            if i.get('type') == 'Pretrained' and isinstance(i.get('checkpoint'), str)
-            and '://' not in i['checkpoint']]
+    return [
+        i['checkpoint'] for i in (init if isinstance(init, list) else [init])
+        if i.get('type') == 'Pretrained' and isinstance(i.get('checkpoint'), str)
+        and '://' not in i['checkpoint']
+    ]
 
 
 def _require(path: str) -> None:
@@ -302,21 +322,31 @@ def parse_args(argv=None):
         description='Train a Pola config and its softmax baseline, evaluate both and '
         'write the gain table',
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog='tasks: ' + ', '.join(f'{t} ({", ".join(d["configs"])})'
-                                     for t, d in TASKS.items()))
+        epilog='tasks: ' + ', '.join(f'{t} ({", ".join(d["configs"])})' for t, d in TASKS.items()))
     p.add_argument('task', nargs='?', choices=list(TASKS), help='config family')
-    p.add_argument('--arch', help='backbone, e.g. pvt-t or swin-s (see --list); "all" for '
-                   'every arch of the task')
+    p.add_argument(
+        '--arch',
+        help='backbone, e.g. pvt-t or swin-s (see --list); "all" for '
+        'every arch of the task')
     p.add_argument('--all', action='store_true', help='every task and arch')
     p.add_argument('--list', action='store_true', help='print the tasks and exit')
-    p.add_argument('--gpus', type=int, default=None,
-                   help="GPUs per run (default: the config's protocol); 1 runs "
-                   'tools/train.py / tools/test.py directly')
-    p.add_argument('--work-root', default='work_dirs',
-                   help='runs go to WORK_ROOT/<config name> (default: work_dirs)')
+    p.add_argument(
+        '--gpus',
+        type=int,
+        default=None,
+        help="GPUs per run (default: the config's protocol); 1 runs "
+        'tools/train.py / tools/test.py directly')
+    p.add_argument(
+        '--work-root',
+        default='work_dirs',
+        help='runs go to WORK_ROOT/<config name> (default: work_dirs)')
     p.add_argument('--dry-run', action='store_true', help='print the commands only')
-    p.add_argument('--cfg-options', nargs='+', default=[], metavar='KEY=VALUE',
-                   help='passed to every tools/train.py and tools/test.py call')
+    p.add_argument(
+        '--cfg-options',
+        nargs='+',
+        default=[],
+        metavar='KEY=VALUE',
+        help='passed to every tools/train.py and tools/test.py call')
     args = p.parse_args(argv)
     if args.list:
         return args
@@ -366,8 +396,10 @@ def main(argv=None) -> int:
                 if not _do(step, args.dry_run):
                     return 1
             pola = pola_config(task, arch)
-            planned += [osp.join(args.work_root, osp.splitext(osp.basename(c))[0])
-                        for c in (pola, softmax_config(pola))]
+            planned += [
+                osp.join(args.work_root,
+                         osp.splitext(osp.basename(c))[0]) for c in (pola, softmax_config(pola))
+            ]
         table = planner.table_step(task, planned if args.dry_run else [])
         if table is not None and not _do(table, args.dry_run):
             return 1
@@ -380,14 +412,17 @@ def _do(step: Step, dry_run: bool) -> bool:
         return True
     missing = [p for p in step.needs if not osp.isfile(p)]
     for path in missing:
-        print(f'# needs {path}, which is missing (see tools/model_converters/official2mm.py)',
-              flush=True)
+        print(
+            f'# needs {path}, which is missing (see tools/model_converters/official2mm.py)',
+            flush=True)
     print(step.line(), flush=True)
     if dry_run:
         return True
     if missing:
-        print(f'# STOPPED before {step.note}: {", ".join(missing)} not found',
-              file=sys.stderr, flush=True)
+        print(
+            f'# STOPPED before {step.note}: {", ".join(missing)} not found',
+            file=sys.stderr,
+            flush=True)
         return False
     if step.call is not None:  # the same tool, without starting another interpreter
         try:
@@ -399,9 +434,12 @@ def _do(step: Step, dry_run: bool) -> bool:
     else:
         code = subprocess.run(step.argv, env=dict(os.environ, **step.env)).returncode
     if code != 0:
-        print(f'# FAILED (exit {code}): {step.note}. Fix the cause and run the '
-              'same reproduce.py command again: finished steps are skipped and the '
-              'training resumes.', file=sys.stderr, flush=True)
+        print(
+            f'# FAILED (exit {code}): {step.note}. Fix the cause and run the '
+            'same reproduce.py command again: finished steps are skipped and the '
+            'training resumes.',
+            file=sys.stderr,
+            flush=True)
         return False
     if step.check is not None:
         step.check()

@@ -18,9 +18,12 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
+# polaformer_mm before anything that imports torchvision: keep this order
+# isort: off
 import polaformer_mm  # noqa: E402,F401  (before torchvision; registers the runner)
 from mmengine.config import DictAction  # noqa: E402
 from polaformer_mm.engine import entry  # noqa: E402
+# isort: on
 
 
 def parse_args(argv=None):
@@ -32,15 +35,18 @@ def parse_args(argv=None):
     p.add_argument('--show', action='store_true', help='show predictions in a window')
     p.add_argument('--show-dir', help='write images with predictions drawn here')
     p.add_argument('--wait-time', type=float, default=2, help='seconds between shown images')
-    p.add_argument('--tta', action='store_true',
-                   help="test-time augmentation with the config's tta_model / tta_pipeline "
-                   '(ADE20K: multi-scale + flip; COCO box detectors: flip)')
-    p.add_argument('--cfg-options', nargs='+', action=DictAction,
-                   help='override config keys')
-    p.add_argument('--allow-partial', action='store_true',
-                   help='load a checkpoint that does not fit the model (only what fits; '
-                   'the log names the rest); default: such a checkpoint is an error. '
-                   'Config key: allow_partial_load')
+    p.add_argument(
+        '--tta',
+        action='store_true',
+        help="test-time augmentation with the config's tta_model / tta_pipeline "
+        '(ADE20K: multi-scale + flip; COCO box detectors: flip)')
+    p.add_argument('--cfg-options', nargs='+', action=DictAction, help='override config keys')
+    p.add_argument(
+        '--allow-partial',
+        action='store_true',
+        help='load a checkpoint that does not fit the model (only what fits; '
+        'the log names the rest); default: such a checkpoint is an error. '
+        'Config key: allow_partial_load')
     p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
     p.add_argument('--local_rank', '--local-rank', type=int, default=None)
     return p.parse_args(argv)
@@ -50,16 +56,24 @@ def main(argv=None):
     args = parse_args(argv)
     entry.setup_local_rank(args.local_rank)
     cfg = entry.load_config(args.config, args.cfg_options)
-    entry.prepare_test_config(cfg, args.config, args.checkpoint, work_dir=args.work_dir,
-                              out=args.out, show=args.show, show_dir=args.show_dir,
-                              wait_time=args.wait_time, launcher=args.launcher,
-                              tta=args.tta, allow_partial=args.allow_partial)
+    entry.prepare_test_config(
+        cfg,
+        args.config,
+        args.checkpoint,
+        work_dir=args.work_dir,
+        out=args.out,
+        show=args.show,
+        show_dir=args.show_dir,
+        wait_time=args.wait_time,
+        launcher=args.launcher,
+        tta=args.tta,
+        allow_partial=args.allow_partial)
     succeeded = False
     try:
         runner = entry.build_runner(cfg)
         metrics = runner.test()
-        entry.save_test_metrics(cfg, args.config, args.checkpoint, metrics, tta=args.tta,
-                                cfg_options=args.cfg_options)
+        entry.save_test_metrics(
+            cfg, args.config, args.checkpoint, metrics, tta=args.tta, cfg_options=args.cfg_options)
         succeeded = True
         return metrics
     finally:

@@ -16,33 +16,51 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
+# polaformer_mm before anything that imports torchvision: keep this order
+# isort: off
 import polaformer_mm  # noqa: E402,F401  (before torchvision; registers the runner)
 from mmengine.config import DictAction  # noqa: E402
 from polaformer_mm.engine import entry  # noqa: E402
-from polaformer_mm.engine.dataset_check import (DatasetCheckError,  # noqa: E402
-                                                check_before_training)
+from polaformer_mm.engine.dataset_check import DatasetCheckError  # noqa: E402
+from polaformer_mm.engine.dataset_check import check_before_training  # noqa: E402
+# isort: on
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description='Train with a polaformer_mm config')
     p.add_argument('config', help='config file (mmdet, mmseg or mmpretrain)')
-    p.add_argument('--work-dir', help='where logs and checkpoints go '
-                   '(default ./work_dirs/<config name>)')
-    p.add_argument('--resume', nargs='?', const='auto', default=None, metavar='CKPT',
-                   help='resume from CKPT, or without a value from the latest '
-                   'checkpoint in the work dir')
+    p.add_argument(
+        '--work-dir', help='where logs and checkpoints go '
+        '(default ./work_dirs/<config name>)')
+    p.add_argument(
+        '--resume',
+        nargs='?',
+        const='auto',
+        default=None,
+        metavar='CKPT',
+        help='resume from CKPT, or without a value from the latest '
+        'checkpoint in the work dir')
     p.add_argument('--amp', action='store_true', help='mixed precision (CUDA)')
-    p.add_argument('--auto-scale-lr', action='store_true',
-                   help='scale the lr by the real batch size (auto_scale_lr in the config)')
-    p.add_argument('--cfg-options', nargs='+', action=DictAction,
-                   help='override config keys, e.g. train_cfg.max_epochs=1')
-    p.add_argument('--allow-partial', action='store_true',
-                   help='load a checkpoint that does not fit the model (only what fits; '
-                   'the log names the rest); default: such a checkpoint is an error. '
-                   'Config key: allow_partial_load')
-    p.add_argument('--skip-dataset-check', action='store_true',
-                   help='do not check the datasets before training '
-                   '(config key: skip_dataset_check)')
+    p.add_argument(
+        '--auto-scale-lr',
+        action='store_true',
+        help='scale the lr by the real batch size (auto_scale_lr in the config)')
+    p.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
+        help='override config keys, e.g. train_cfg.max_epochs=1')
+    p.add_argument(
+        '--allow-partial',
+        action='store_true',
+        help='load a checkpoint that does not fit the model (only what fits; '
+        'the log names the rest); default: such a checkpoint is an error. '
+        'Config key: allow_partial_load')
+    p.add_argument(
+        '--skip-dataset-check',
+        action='store_true',
+        help='do not check the datasets before training '
+        '(config key: skip_dataset_check)')
     p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
     p.add_argument('--local_rank', '--local-rank', type=int, default=None)
     return p.parse_args(argv)
@@ -52,9 +70,15 @@ def main(argv=None):
     args = parse_args(argv)
     entry.setup_local_rank(args.local_rank)
     cfg = entry.load_config(args.config, args.cfg_options)
-    entry.prepare_train_config(cfg, args.config, work_dir=args.work_dir, resume=args.resume,
-                               amp=args.amp, auto_scale_lr=args.auto_scale_lr,
-                               launcher=args.launcher, allow_partial=args.allow_partial)
+    entry.prepare_train_config(
+        cfg,
+        args.config,
+        work_dir=args.work_dir,
+        resume=args.resume,
+        amp=args.amp,
+        auto_scale_lr=args.auto_scale_lr,
+        launcher=args.launcher,
+        allow_partial=args.allow_partial)
     if not (args.skip_dataset_check or cfg.get('skip_dataset_check', False)):
         check_before_training(cfg)
     succeeded = False

@@ -13,16 +13,7 @@ load_from = 'checkpoints/pola_pvt_t_mm.pth'
 
 optim_wrapper = dict(optimizer=dict(lr=2e-5 * 1024 / 512, weight_decay=1e-8))
 param_scheduler = [
-    dict(
-        type='LinearLR',
-        start_factor=1e-3,
-        by_epoch=True,
-        end=5,
-        convert_to_iter_based=True),
-    dict(
-        type='CosineAnnealingLR',
-        eta_min=2e-7 * 1024 / 512,
-        by_epoch=True,
-        begin=5)
+    dict(type='LinearLR', start_factor=1e-3, by_epoch=True, end=5, convert_to_iter_based=True),
+    dict(type='CosineAnnealingLR', eta_min=2e-7 * 1024 / 512, by_epoch=True, begin=5)
 ]
 train_cfg = dict(max_epochs=30)

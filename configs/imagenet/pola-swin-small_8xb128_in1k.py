@@ -21,6 +21,4 @@ _base_ = './pola-swin-tiny_8xb128_in1k.py'
 
 custom_imports = dict(imports=['polaformer_mm'], allow_failed_imports=False)
 
-model = dict(
-    backbone=dict(arch='small', drop_path_rate=0.3),
-    head=dict(in_channels=768))
+model = dict(backbone=dict(arch='small', drop_path_rate=0.3), head=dict(in_channels=768))

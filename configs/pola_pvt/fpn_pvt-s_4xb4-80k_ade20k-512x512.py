@@ -3,12 +3,10 @@
 # Only the backbone differs from -t.
 _base_ = './fpn_pvt-t_4xb4-80k_ade20k-512x512.py'
 
-custom_imports = dict(
-    imports=['polaformer_mm', 'mmdet.models'], allow_failed_imports=False)
+custom_imports = dict(imports=['polaformer_mm', 'mmdet.models'], allow_failed_imports=False)
 
 model = dict(
     backbone=dict(
         num_layers=[3, 4, 6, 3],
-        init_cfg=dict(
-            checkpoint='https://github.com/whai362/PVT/'
-            'releases/download/v2/pvt_small.pth')))
+        init_cfg=dict(checkpoint='https://github.com/whai362/PVT/'
+                      'releases/download/v2/pvt_small.pth')))

@@ -16,8 +16,7 @@
 # it and swaps only the backbone.
 _base_ = 'mmseg::sem_fpn/fpn_r50_4xb4-160k_ade20k-512x512.py'
 
-custom_imports = dict(
-    imports=['polaformer_mm', 'mmdet.models'], allow_failed_imports=False)
+custom_imports = dict(imports=['polaformer_mm', 'mmdet.models'], allow_failed_imports=False)
 
 model = dict(
     pretrained=None,  # the base sets open-mmlab://resnet50_v1c
@@ -37,15 +36,6 @@ optim_wrapper = dict(
     optimizer=dict(type='AdamW', lr=0.0001, weight_decay=0.0001),
     clip_grad=None)
 
-param_scheduler = [
-    dict(
-        type='PolyLR',
-        eta_min=0.0,
-        power=0.9,
-        begin=0,
-        end=80000,
-        by_epoch=False)
-]
+param_scheduler = [dict(type='PolyLR', eta_min=0.0, power=0.9, begin=0, end=80000, by_epoch=False)]
 train_cfg = dict(type='IterBasedTrainLoop', max_iters=80000, val_interval=8000)
-default_hooks = dict(
-    checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=8000))
+default_hooks = dict(checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=8000))

@@ -7,6 +7,5 @@ custom_imports = dict(imports=['polaformer_mm'], allow_failed_imports=False)
 model = dict(
     backbone=dict(
         num_layers=[3, 4, 6, 3],
-        init_cfg=dict(
-            checkpoint='https://github.com/whai362/PVT/'
-            'releases/download/v2/pvt_small.pth')))
+        init_cfg=dict(checkpoint='https://github.com/whai362/PVT/'
+                      'releases/download/v2/pvt_small.pth')))

@@ -25,6 +25,4 @@ model = dict(
             'releases/download/v2/pvt_tiny.pth')),
     neck=dict(in_channels=[64, 128, 320, 512]))
 
-optim_wrapper = dict(
-    optimizer=dict(
-        _delete_=True, type='AdamW', lr=0.0001, weight_decay=0.0001))
+optim_wrapper = dict(optimizer=dict(_delete_=True, type='AdamW', lr=0.0001, weight_decay=0.0001))

@@ -14,6 +14,5 @@ model = dict(
         attn_types='LLLL',
         drop_path_rate=0.1,  # as mmdet's / official PVT detection backbones
         out_indices=(0, 1, 2, 3),
-        init_cfg=dict(
-            type='Pretrained', checkpoint='checkpoints/pola_pvt_s_mm.pth')),
+        init_cfg=dict(type='Pretrained', checkpoint='checkpoints/pola_pvt_s_mm.pth')),
     neck=dict(in_channels=[64, 128, 320, 512]))

@@ -17,6 +17,5 @@ model = dict(
         linear_window_size=56,  # official windows; None: global (see README)
         drop_path_rate=0.2,
         out_indices=(0, 1, 2, 3),
-        init_cfg=dict(
-            type='Pretrained', checkpoint='checkpoints/pola_swin_t_mm.pth')),
+        init_cfg=dict(type='Pretrained', checkpoint='checkpoints/pola_swin_t_mm.pth')),
     neck=dict(in_channels=[96, 192, 384, 768]))

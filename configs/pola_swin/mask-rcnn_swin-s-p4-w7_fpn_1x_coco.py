@@ -7,6 +7,4 @@ custom_imports = dict(imports=['polaformer_mm'], allow_failed_imports=False)
 
 pretrained = 'https://github.com/SwinTransformer/storage/releases/download/v1.0.0/swin_small_patch4_window7_224.pth'  # noqa
 model = dict(
-    backbone=dict(
-        depths=[2, 2, 18, 2],
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)))
+    backbone=dict(depths=[2, 2, 18, 2], init_cfg=dict(type='Pretrained', checkpoint=pretrained)))

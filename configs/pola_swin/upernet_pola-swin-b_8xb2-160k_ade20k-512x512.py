@@ -18,7 +18,6 @@ model = dict(
         linear_window_size=56,  # official windows; None: global (see README)
         drop_path_rate=0.3,
         out_indices=(0, 1, 2, 3),
-        init_cfg=dict(
-            type='Pretrained', checkpoint='checkpoints/pola_swin_b_mm.pth')),
+        init_cfg=dict(type='Pretrained', checkpoint='checkpoints/pola_swin_b_mm.pth')),
     decode_head=dict(in_channels=[128, 256, 512, 1024]),
     auxiliary_head=dict(in_channels=512))

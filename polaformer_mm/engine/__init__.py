@@ -3,5 +3,7 @@ from .hooks import PolaCheckpointHook, ResumableStateHook
 from .runner import PolaRunner
 from .runner_state import restore_runner_state, to_weights_only_safe
 
-__all__ = ['PolaRunner', 'PolaCheckpointHook', 'ResumableStateHook', 'CheckpointMismatchError',
-           'check_checkpoint_fits', 'to_weights_only_safe', 'restore_runner_state']
+__all__ = [
+    'PolaRunner', 'PolaCheckpointHook', 'ResumableStateHook', 'CheckpointMismatchError',
+    'check_checkpoint_fits', 'to_weights_only_safe', 'restore_runner_state'
+]

@@ -52,8 +52,8 @@ def unwrap(model: nn.Module) -> nn.Module:
 def checkpoint_state_dict(checkpoint, revise_keys=((r'^module\.', ''), )) -> Dict:
     """The state dict of ``checkpoint`` with ``revise_keys`` applied, as mmengine's
     ``_load_checkpoint_to_model`` takes it."""
-    state_dict = checkpoint.get('state_dict', checkpoint) if isinstance(
-        checkpoint, dict) else checkpoint
+    state_dict = checkpoint.get('state_dict', checkpoint) if isinstance(checkpoint,
+                                                                        dict) else checkpoint
     if not isinstance(state_dict, dict):
         raise CheckpointMismatchError(
             f'expected a dict of tensors (or one under \'state_dict\'), got '
@@ -64,8 +64,8 @@ def checkpoint_state_dict(checkpoint, revise_keys=((r'^module\.', ''), )) -> Dic
     return state_dict
 
 
-def find_mismatch(model: nn.Module, state_dict: Dict
-                  ) -> Tuple[List[str], List[str], List[Tuple[str, tuple, tuple]]]:
+def find_mismatch(model: nn.Module,
+                  state_dict: Dict) -> Tuple[List[str], List[str], List[Tuple[str, tuple, tuple]]]:
     """(missing, unexpected, shape mismatches) of ``state_dict`` against ``model``.
     BatchNorm's ``num_batches_tracked`` may be missing (as mmengine allows)."""
     own = unwrap(model).state_dict()
@@ -77,9 +77,12 @@ def find_mismatch(model: nn.Module, state_dict: Dict
     return missing, unexpected, shapes
 
 
-def likely_cause(model_keys: Sequence[str], missing: Sequence[str],
-                 unexpected: Sequence[str], shapes: Sequence[tuple],
-                 ckpt_keys: Sequence[str], nested_keys: Sequence[str] = ()) -> str:
+def likely_cause(model_keys: Sequence[str],
+                 missing: Sequence[str],
+                 unexpected: Sequence[str],
+                 shapes: Sequence[tuple],
+                 ckpt_keys: Sequence[str],
+                 nested_keys: Sequence[str] = ()) -> str:
     """One sentence on what the checkpoint probably is (``nested_keys``: the keys of a
     state dict under ``'model'``, where official files keep it)."""
     model_top, ckpt_top = _top(model_keys), _top(ckpt_keys)
@@ -107,8 +110,8 @@ def likely_cause(model_keys: Sequence[str], missing: Sequence[str],
         return (f'a {ckpt_task} checkpoint ({", ".join(ckpt_heads)}) for a {model_task} '
                 f'model ({", ".join(model_heads)})')
     if backbone_keys and set(backbone_keys) <= set(ckpt_keys) and all(
-            not k.startswith('backbone.') for k in missing) and not shapes and set(
-                _top(unexpected)) <= {'head'}:
+            not k.startswith('backbone.')
+            for k in missing) and not shapes and set(_top(unexpected)) <= {'head'}:
         return f'a backbone-only file (e.g. converted ImageNet weights): {backbone_only_hint}'
     if shapes and not missing and not unexpected:
         if all(not k.startswith('backbone.') for k, _, _ in shapes):
@@ -145,9 +148,10 @@ def describe_mismatch(model: nn.Module, state_dict: Dict, source: str) -> Option
     nested = state_dict.get('model')
     cause = likely_cause(model_keys, missing, unexpected, shapes, list(state_dict),
                          list(nested) if isinstance(nested, dict) else ())
-    counts = ', '.join(f'{n} {what}' for n, what in (
-        (len(missing), 'missing keys'), (len(unexpected), 'unexpected keys'),
-        (len(shapes), 'shape mismatches')) if n)
+    counts = ', '.join(f'{n} {what}'
+                       for n, what in ((len(missing), 'missing keys'), (len(unexpected),
+                                                                        'unexpected keys'),
+                                       (len(shapes), 'shape mismatches')) if n)
     text = (f'{source} does not fit the model ({type(unwrap(model)).__name__}): {counts}.'
             f'\nLikely cause: {cause}.')
     if missing:
@@ -155,12 +159,14 @@ def describe_mismatch(model: nn.Module, state_dict: Dict, source: str) -> Option
     if unexpected:
         text += _listing('unexpected keys', unexpected)
     if shapes:
-        text += _listing('shape mismatches', [
-            f'{k}: checkpoint {list(a)} vs model {list(b)}' for k, a, b in shapes])
+        text += _listing('shape mismatches',
+                         [f'{k}: checkpoint {list(a)} vs model {list(b)}' for k, a, b in shapes])
     return text
 
 
-def check_checkpoint_fits(model: nn.Module, checkpoint, source: str = 'checkpoint',
+def check_checkpoint_fits(model: nn.Module,
+                          checkpoint,
+                          source: str = 'checkpoint',
                           revise_keys=((r'^module\.', ''), )) -> None:
     """Raise :class:`CheckpointMismatchError` unless ``checkpoint`` fits ``model``
     exactly (every key present, none extra, every shape equal).
@@ -172,7 +178,6 @@ def check_checkpoint_fits(model: nn.Module, checkpoint, source: str = 'checkpoin
         revise_keys (sequence): (pattern, replacement) pairs applied to the keys first,
             as ``Runner.load_checkpoint`` applies them. Default: strip ``module.``.
     """
-    message = describe_mismatch(model, checkpoint_state_dict(checkpoint, revise_keys),
-                                source)
+    message = describe_mismatch(model, checkpoint_state_dict(checkpoint, revise_keys), source)
     if message:
         raise CheckpointMismatchError(f'{message}\n{PARTIAL_HINT}')

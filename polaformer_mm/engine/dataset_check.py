@@ -109,8 +109,9 @@ def _join(root: Optional[str], path: Optional[str]) -> str:
 
 
 def _loads_masks(pipelines: Sequence) -> bool:
-    return any(isinstance(t, dict) and 'LoadAnnotations' in str(t.get('type'))
-               and t.get('with_mask', False) for t in pipelines)
+    return any(
+        isinstance(t, dict) and 'LoadAnnotations' in str(t.get('type'))
+        and t.get('with_mask', False) for t in pipelines)
 
 
 class _Listing:
@@ -261,11 +262,14 @@ def check_coco(report: DatasetReport, ds_cfg: dict, cls, pipelines: Sequence,
         return
 
     images = [im for im in images if isinstance(im, dict)]
-    bad_entries = [im.get('id', im.get('file_name')) for im in images
-                   if not all(k in im for k in ('id', 'file_name', 'width', 'height'))]
+    bad_entries = [
+        im.get('id', im.get('file_name')) for im in images
+        if not all(k in im for k in ('id', 'file_name', 'width', 'height'))
+    ]
     if bad_entries:
-        report.add('error', "image entries without 'id', 'file_name', 'width' or 'height' "
-                   '(mmdet stops with a KeyError), image ids', bad_entries)
+        report.add(
+            'error', "image entries without 'id', 'file_name', 'width' or 'height' "
+            '(mmdet stops with a KeyError), image ids', bad_entries)
     images = [im for im in images if 'id' in im]
     by_id = {im['id']: im for im in images}
 
@@ -273,9 +277,10 @@ def check_coco(report: DatasetReport, ds_cfg: dict, cls, pipelines: Sequence,
         report.add('note', 'images on remote storage: not looked for')
     else:
         listing = _Listing()
-        missing = [im['file_name'] for im in images
-                   if 'file_name' in im and not listing.exists(
-                       osp.join(img_prefix, im['file_name']))]
+        missing = [
+            im['file_name'] for im in images
+            if 'file_name' in im and not listing.exists(osp.join(img_prefix, im['file_name']))
+        ]
         if missing:
             report.add('error', f'images missing on disk (under {img_prefix})', missing)
 
@@ -342,22 +347,25 @@ def check_coco(report: DatasetReport, ds_cfg: dict, cls, pipelines: Sequence,
             report.add('error', f"annotations without '{key}' (mmdet stops with KeyError: "
                        f"'{key}')", where)
     if empty_seg:
-        report.add('error', 'annotations with an empty or missing segmentation while the '
-                   "pipeline loads masks (mmdet stops with KeyError: 'mask'; give the "
-                   'polygon or RLE, or drop the annotation)', empty_seg)
+        report.add(
+            'error', 'annotations with an empty or missing segmentation while the '
+            "pipeline loads masks (mmdet stops with KeyError: 'mask'; give the "
+            'polygon or RLE, or drop the annotation)', empty_seg)
     no_ann = [im.get('file_name') for im in images if im['id'] not in any_ann]
     if no_ann:
-        report.add('warning', 'images without annotations' + (
-            ' (left out of training by filter_empty_gt)' if training else ''), no_ann)
+        report.add(
+            'warning', 'images without annotations' +
+            (' (left out of training by filter_empty_gt)' if training else ''), no_ann)
     if degenerate:
-        report.add('warning', 'degenerate boxes (w or h < 1, area <= 0, or outside the '
-                   'image; mmdet skips them)', degenerate)
+        report.add(
+            'warning', 'degenerate boxes (w or h < 1, area <= 0, or outside the '
+            'image; mmdet skips them)', degenerate)
     if bad_polygons:
-        report.add('warning', 'segmentations without a valid polygon (fewer than 3 points; '
-                   'mmdet ignores these instances)', bad_polygons)
+        report.add(
+            'warning', 'segmentations without a valid polygon (fewer than 3 points; '
+            'mmdet ignores these instances)', bad_polygons)
     if orphans:
-        report.add('warning', 'annotations of image ids the file does not list, ids',
-                   orphans)
+        report.add('warning', 'annotations of image ids the file does not list, ids', orphans)
     absent = [n for n in classes if n not in name_to_id]
     if absent:
         report.add('warning', "classes not among the file's categories", absent)
@@ -367,38 +375,49 @@ def check_coco(report: DatasetReport, ds_cfg: dict, cls, pipelines: Sequence,
 
     if training:
         filter_cfg = ds_cfg.get('filter_cfg') or {}
-        kept = [im for im in images
-                if (not filter_cfg.get('filter_empty_gt', False) or im['id'] in cat_imgs)
-                and min(im.get('width', 0), im.get('height', 0)) >= filter_cfg.get(
-                    'min_size', 0)]
+        kept = [
+            im for im in images
+            if (not filter_cfg.get('filter_empty_gt', False) or im['id'] in cat_imgs)
+            and min(im.get('width', 0), im.get('height', 0)) >= filter_cfg.get('min_size', 0)
+        ]
         if not kept:
-            report.add('error', 'no training image is left after filter_cfg '
-                       f'{dict(filter_cfg)} (no image has an annotation of the classes); '
-                       'mmdet would stop with "need at least one array to concatenate"')
+            report.add(
+                'error', 'no training image is left after filter_cfg '
+                f'{dict(filter_cfg)} (no image has an annotation of the classes); '
+                'mmdet would stop with "need at least one array to concatenate"')
         elif not any(usable[im['id']] for im in kept):
-            report.add('error', 'no training image has a usable annotation (every box is '
-                       'degenerate or of another class)')
+            report.add(
+                'error', 'no training image has a usable annotation (every box is '
+                'degenerate or of another class)')
 
 
 def _shown(value):
     return '?' if value is _MISSING else value
 
 
+# the dataset arguments that decide which files and labels the check reads
+_SEG_DATASET_KEYS = ('img_suffix', 'seg_map_suffix', 'reduce_zero_label', 'ignore_index')
+
+
 def _seg_defaults(cls) -> dict:
     import inspect
     params = inspect.signature(cls.__init__).parameters
-    return {k: p.default for k, p in params.items()
-            if k in ('img_suffix', 'seg_map_suffix', 'reduce_zero_label', 'ignore_index')
-            and p.default is not inspect.Parameter.empty}
+    return {
+        k: p.default
+        for k, p in params.items()
+        if k in _SEG_DATASET_KEYS and p.default is not inspect.Parameter.empty
+    }
 
 
-def check_segmentation(report: DatasetReport, ds_cfg: dict, cls,
+def check_segmentation(report: DatasetReport,
+                       ds_cfg: dict,
+                       cls,
                        seg_sample: Optional[int] = 64) -> None:
     """Fill ``report`` for an mmseg image / segmentation-map dataset."""
     import cv2
     import numpy as np
-    opts = {**_seg_defaults(cls), **{k: v for k, v in ds_cfg.items() if k in (
-        'img_suffix', 'seg_map_suffix', 'reduce_zero_label', 'ignore_index')}}
+    given = {k: v for k, v in ds_cfg.items() if k in _SEG_DATASET_KEYS}
+    opts = {**_seg_defaults(cls), **given}
     img_suffix, seg_suffix = opts.get('img_suffix', '.jpg'), opts.get('seg_map_suffix', '.png')
     ignore = opts.get('ignore_index', 255)
     root = ds_cfg.get('data_root')
@@ -427,10 +446,9 @@ def check_segmentation(report: DatasetReport, ds_cfg: dict, cls,
             report.add('error', f'image folder not found: {img_dir}')
             return
         names = sorted(
-            osp.relpath(osp.join(d, f), img_dir) for d, _, files in os.walk(img_dir)
-            for f in files if f.endswith(img_suffix))
-    report.summary += f': {len(names)} images' + (
-        f', {len(classes)} classes' if classes else '')
+            osp.relpath(osp.join(d, f), img_dir) for d, _, files in os.walk(img_dir) for f in files
+            if f.endswith(img_suffix))
+    report.summary += f': {len(names)} images' + (f', {len(classes)} classes' if classes else '')
     if not names:
         report.add('error', f'no images ending in {img_suffix!r} found')
         return
@@ -440,8 +458,9 @@ def check_segmentation(report: DatasetReport, ds_cfg: dict, cls,
     listing = _Listing()
     no_map = [s for s in seg_files if not listing.exists(osp.join(seg_dir, s))]
     if no_map:
-        report.add('error', f'images without a segmentation map (under {seg_dir}, '
-                   f'suffix {seg_suffix!r})', no_map)
+        report.add(
+            'error', f'images without a segmentation map (under {seg_dir}, '
+            f'suffix {seg_suffix!r})', no_map)
     present = [s for s in seg_files if s not in set(no_map)]
     if not present:
         return
@@ -472,8 +491,8 @@ def check_segmentation(report: DatasetReport, ds_cfg: dict, cls,
             seg[seg == ignore] = ignore
         values, counts = np.unique(seg, return_counts=True)
         valid = values[values != ignore]
-        if classes is not None and (valid.size and (valid.min() < 0
-                                                    or valid.max() >= len(classes))):
+        if classes is not None and (valid.size and
+                                    (valid.min() < 0 or valid.max() >= len(classes))):
             out_of_range.append(f'{name} {sorted(int(v) for v in valid)[-3:]}')
         if not valid.size:
             only_ignored.append(name)
@@ -484,8 +503,9 @@ def check_segmentation(report: DatasetReport, ds_cfg: dict, cls,
     if unreadable:
         report.add('error', f'segmentation maps that do not decode{sampled}', unreadable)
     if out_of_range:
-        report.add('error', f'labels outside 0..{len(classes) - 1} (and ignore {ignore})'
-                   f'{sampled}; wrong classes or reduce_zero_label?', out_of_range)
+        report.add(
+            'error', f'labels outside 0..{len(classes) - 1} (and ignore {ignore})'
+            f'{sampled}; wrong classes or reduce_zero_label?', out_of_range)
     if only_ignored:
         report.add('warning', f'maps with only ignored pixels{sampled}', only_ignored)
     if classes is not None:
@@ -513,8 +533,11 @@ def check_other(report: DatasetReport, ds_cfg: dict) -> None:
                 report.add('error', f'{key} not found: {path}')
 
 
-def check_datasets(cfg, seg_sample: Optional[int] = 64,
-                   splits: Sequence[str] = ('train', 'val', 'test')) -> List[DatasetReport]:
+def check_datasets(
+    cfg,
+    seg_sample: Optional[int] = 64,
+    splits: Sequence[str] = ('train', 'val', 'test')
+) -> List[DatasetReport]:
     """Check the datasets of ``cfg``'s dataloaders (see the module notes).
 
     Args:
@@ -539,8 +562,7 @@ def check_datasets(cfg, seg_sample: Optional[int] = 64,
         loader = cfg.get(f'{split}_dataloader')
         if not loader or not loader.get('dataset'):
             continue
-        for name, ds_cfg, pipelines in _innermost(loader['dataset'],
-                                                  f'{split}_dataloader.dataset'):
+        for name, ds_cfg, pipelines in _innermost(loader['dataset'], f'{split}_dataloader.dataset'):
             key = json.dumps(ds_cfg, sort_keys=True, default=str)
             if key in done:
                 continue
@@ -599,8 +621,9 @@ def format_reports(reports: Sequence[DatasetReport], title: str = '') -> str:
     return '\n'.join(head + [r.format() for r in reports])
 
 
-def check_before_training(cfg, seg_sample: Optional[int] = 64, verbose: bool = True
-                          ) -> List[DatasetReport]:
+def check_before_training(cfg,
+                          seg_sample: Optional[int] = 64,
+                          verbose: bool = True) -> List[DatasetReport]:
     """Run :func:`check_datasets` on the datasets training uses (train and val) for
     ``tools/train.py``: print the report (on rank 0 of a distributed launch) and raise
     :class:`DatasetCheckError` on errors.
@@ -624,5 +647,7 @@ def check_before_training(cfg, seg_sample: Optional[int] = 64, verbose: bool = T
     return reports
 
 
-__all__ = ['DatasetCheckError', 'DatasetReport', 'check_datasets', 'check_before_training',
-           'check_coco', 'check_segmentation', 'format_reports']
+__all__ = [
+    'DatasetCheckError', 'DatasetReport', 'check_datasets', 'check_before_training', 'check_coco',
+    'check_segmentation', 'format_reports'
+]

@@ -39,7 +39,10 @@ def load_config(path: str, cfg_options: Optional[dict] = None) -> Config:
     return cfg
 
 
-def _common(cfg: Config, config_path: str, work_dir: Optional[str], launcher: str,
+def _common(cfg: Config,
+            config_path: str,
+            work_dir: Optional[str],
+            launcher: str,
             allow_partial: bool = False) -> None:
     cfg.launcher = launcher
     if allow_partial:
@@ -51,9 +54,14 @@ def _common(cfg: Config, config_path: str, work_dir: Optional[str], launcher: st
     cfg.setdefault('runner_type', 'PolaRunner')
 
 
-def prepare_train_config(cfg: Config, config_path: str, work_dir: Optional[str] = None,
-                         resume=None, amp: bool = False, auto_scale_lr: bool = False,
-                         launcher: str = 'none', allow_partial: bool = False) -> Config:
+def prepare_train_config(cfg: Config,
+                         config_path: str,
+                         work_dir: Optional[str] = None,
+                         resume=None,
+                         amp: bool = False,
+                         auto_scale_lr: bool = False,
+                         launcher: str = 'none',
+                         allow_partial: bool = False) -> Config:
     """Apply the command-line choices of ``tools/train.py`` to ``cfg``.
 
     ``resume``: None (no resume), 'auto' (latest checkpoint of the work dir, if any) or a
@@ -85,10 +93,15 @@ def prepare_train_config(cfg: Config, config_path: str, work_dir: Optional[str] 
     return cfg
 
 
-def prepare_test_config(cfg: Config, config_path: str, checkpoint: str,
-                        work_dir: Optional[str] = None, out: Optional[str] = None,
-                        show: bool = False, show_dir: Optional[str] = None,
-                        wait_time: float = 2., launcher: str = 'none',
+def prepare_test_config(cfg: Config,
+                        config_path: str,
+                        checkpoint: str,
+                        work_dir: Optional[str] = None,
+                        out: Optional[str] = None,
+                        show: bool = False,
+                        show_dir: Optional[str] = None,
+                        wait_time: float = 2.,
+                        launcher: str = 'none',
                         tta: bool = False,
                         allow_partial: bool = False) -> Config:
     """Apply the command-line choices of ``tools/test.py`` to ``cfg``.
@@ -232,8 +245,8 @@ def _det_flip_pipeline(test_pipeline):
     keys += tuple(k for k in ('flip', 'flip_direction') if k not in keys)
     pipeline[-1] = dict(
         type='TestTimeAug',
-        transforms=[[dict(type='RandomFlip', prob=1.), dict(type='RandomFlip', prob=0.)],
-                    [dict(pack, meta_keys=keys)]])
+        transforms=[[dict(type='RandomFlip', prob=1.),
+                     dict(type='RandomFlip', prob=0.)], [dict(pack, meta_keys=keys)]])
     return pipeline
 
 
@@ -248,8 +261,7 @@ def _check_boxes_only(cfg):
 
 def _has_key(node, key):
     if isinstance(node, dict):
-        return any((k == key and v is not None) or _has_key(v, key)
-                   for k, v in node.items())
+        return any((k == key and v is not None) or _has_key(v, key) for k, v in node.items())
     if isinstance(node, (list, tuple)):
         return any(_has_key(v, key) for v in node)
     return False
@@ -258,8 +270,12 @@ def _has_key(node, key):
 TEST_METRICS_FILE = 'test_metrics.json'
 
 
-def save_test_metrics(cfg: Config, config_path: str, checkpoint: str, metrics: dict,
-                      tta: bool = False, cfg_options: Optional[dict] = None) -> Optional[str]:
+def save_test_metrics(cfg: Config,
+                      config_path: str,
+                      checkpoint: str,
+                      metrics: dict,
+                      tta: bool = False,
+                      cfg_options: Optional[dict] = None) -> Optional[str]:
     """Write what ``tools/test.py`` measured to ``<work_dir>/test_metrics.json``
     (main process only), the file ``tools/analysis_tools/gain_table.py`` reads.
 
@@ -283,8 +299,10 @@ def save_test_metrics(cfg: Config, config_path: str, checkpoint: str, metrics: d
         tta=bool(tta),
         cfg_options=cfg_options or {},
         time=datetime.datetime.now().isoformat(timespec='seconds'),
-        metrics={k: (float(v) if isinstance(v, (int, float)) or hasattr(v, 'item') else v)
-                 for k, v in (metrics or {}).items()})
+        metrics={
+            k: (float(v) if isinstance(v, (int, float)) or hasattr(v, 'item') else v)
+            for k, v in (metrics or {}).items()
+        })
     os.makedirs(cfg.work_dir, exist_ok=True)
     path = osp.join(cfg.work_dir, TEST_METRICS_FILE)
     with open(path, 'w') as f:

@@ -17,8 +17,12 @@ def _rng_state() -> dict:
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = dict(
         python=random.getstate(),
-        numpy=dict(kind=kind, keys=torch.from_numpy(keys.astype(np.int64)), pos=int(pos),
-                   has_gauss=int(has_gauss), cached_gaussian=float(cached)),
+        numpy=dict(
+            kind=kind,
+            keys=torch.from_numpy(keys.astype(np.int64)),
+            pos=int(pos),
+            has_gauss=int(has_gauss),
+            cached_gaussian=float(cached)),
         torch=torch.get_rng_state())
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state['cuda'] = torch.cuda.get_rng_state_all()
@@ -28,8 +32,8 @@ def _rng_state() -> dict:
 def _set_rng_state(state: dict) -> None:
     random.setstate(state['python'])
     n = state['numpy']
-    np.random.set_state((n['kind'], n['keys'].numpy().astype(np.uint32), n['pos'],
-                         n['has_gauss'], n['cached_gaussian']))
+    np.random.set_state((n['kind'], n['keys'].numpy().astype(np.uint32), n['pos'], n['has_gauss'],
+                         n['cached_gaussian']))
     torch.set_rng_state(state['torch'])
     if 'cuda' in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state['cuda'])
@@ -131,8 +135,7 @@ class PolaCheckpointHook(CheckpointHook):
 
     def _save_checkpoint_with_step(self, runner, step, meta) -> None:
         outdated = []
-        if self.max_keep_ckpts > 0 and not (self.keep_ckpt_ids
-                                            and self.keep_ckpt_ids[-1] == step):
+        if self.max_keep_ckpts > 0 and not (self.keep_ckpt_ids and self.keep_ckpt_ids[-1] == step):
             # (the deque has maxlen=max_keep_ckpts: make room explicitly, remember what
             # leaves, delete it once the new checkpoint is complete)
             while len(self.keep_ckpt_ids) >= self.max_keep_ckpts:
@@ -156,11 +159,12 @@ class PolaCheckpointHook(CheckpointHook):
         if not is_main_process():
             return
         last_ckpt = self.last_ckpt
-        atomic_write(osp.join(runner.work_dir, 'last_checkpoint'),
-                     lambda tmp: _write_text(tmp, last_ckpt))
-        self._remove(
-            [self.file_backend.join_path(self.out_dir, self.filename_tmpl.format(s))
-             for s in outdated])
+        atomic_write(
+            osp.join(runner.work_dir, 'last_checkpoint'), lambda tmp: _write_text(tmp, last_ckpt))
+        self._remove([
+            self.file_backend.join_path(self.out_dir, self.filename_tmpl.format(s))
+            for s in outdated
+        ])
 
     def _save_best_checkpoint(self, runner, metrics) -> None:
         backend = self.file_backend
@@ -171,8 +175,10 @@ class PolaCheckpointHook(CheckpointHook):
         finally:
             self.file_backend = backend
         # what the new best (and the checkpoint saved with it) superseded
-        current = {getattr(self, 'best_ckpt_path', None), self.last_ckpt,
-                   *getattr(self, 'best_ckpt_path_dict', {}).values()}
+        current = {
+            getattr(self, 'best_ckpt_path', None), self.last_ckpt,
+            *getattr(self, 'best_ckpt_path_dict', {}).values()
+        }
         for kind, path in deferred.pending:
             if path not in current:
                 getattr(backend, kind)(path)

@@ -34,10 +34,9 @@ from mmengine.runner import Runner
 from mmengine.runner.checkpoint import _load_checkpoint_to_model
 from torch.nn.parallel import DistributedDataParallel
 
-from ..utils.mmcv_ops import check_mmcv_cuda_ops
 from ..utils.checkpoint_io import CheckpointError, atomic_write, load_checkpoint
-from .checkpoint_fit import (check_checkpoint_fits, checkpoint_state_dict,
-                             describe_mismatch)
+from ..utils.mmcv_ops import check_mmcv_cuda_ops
+from .checkpoint_fit import check_checkpoint_fits, checkpoint_state_dict, describe_mismatch
 from .hooks import PolaCheckpointHook, ResumableStateHook
 from .runner_state import restore_runner_state
 
@@ -87,8 +86,9 @@ class PolaRunner(Runner):
                 f'launcher={self.launcher!r} without CUDA: only the pytorch launcher '
                 '(torchrun, tools/dist_train.sh) can train on CPUs; the slurm and mpi '
                 'set-ups of mmengine need GPUs')
-        missing = [k for k in ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')
-                   if k not in os.environ]
+        missing = [
+            k for k in ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT') if k not in os.environ
+        ]
         if missing:
             raise RuntimeError(f'launcher="pytorch" needs the environment variables '
                                f'{missing} that torchrun sets; start with torchrun')
@@ -113,9 +113,11 @@ class PolaRunner(Runner):
         self.logger.info('Distributed training on CPUs: gloo, SyncBN reverted to BN, '
                          'DDP without device_ids')
         model = revert_sync_batchnorm(model.to('cpu'))
-        cfg = dict(model_wrapper_cfg or dict(
-            type='MMDistributedDataParallel', broadcast_buffers=False,
-            find_unused_parameters=self.cfg.get('find_unused_parameters', False)))
+        cfg = dict(
+            model_wrapper_cfg or dict(
+                type='MMDistributedDataParallel',
+                broadcast_buffers=False,
+                find_unused_parameters=self.cfg.get('find_unused_parameters', False)))
         cfg.setdefault('type', 'MMDistributedDataParallel')
         default_args = dict(module=model)
         if issubclass(MODEL_WRAPPERS.get(cfg['type']), DistributedDataParallel):
@@ -152,23 +154,31 @@ class PolaRunner(Runner):
 
     # -- checkpoints --------------------------------------------------------------
     @master_only
-    def save_checkpoint(self, out_dir: str, filename: str, file_client_args=None,
-                        *args, backend_args=None, **kwargs):
+    def save_checkpoint(self,
+                        out_dir: str,
+                        filename: str,
+                        file_client_args=None,
+                        *args,
+                        backend_args=None,
+                        **kwargs):
         """As mmengine's, but a local checkpoint is written to a temporary file in
         ``out_dir``, flushed to disk and renamed to ``filename``: the file is either
         absent or complete, whenever the process dies."""
         if file_client_args is not None or not isinstance(
                 get_file_backend(out_dir, backend_args=backend_args), LocalBackend):
-            return super().save_checkpoint(out_dir, filename, file_client_args, *args,
-                                           backend_args=backend_args, **kwargs)
+            return super().save_checkpoint(
+                out_dir, filename, file_client_args, *args, backend_args=backend_args, **kwargs)
         save = super().save_checkpoint
         os.makedirs(out_dir, exist_ok=True)
         atomic_write(
             osp.join(out_dir, filename),
             lambda tmp: save(osp.dirname(tmp), osp.basename(tmp), None, *args, **kwargs))
 
-    def load_checkpoint(self, filename: str, map_location='cpu',
-                        strict: Optional[bool] = None, revise_keys=[(r'^module.', '')]):
+    def load_checkpoint(self,
+                        filename: str,
+                        map_location='cpu',
+                        strict: Optional[bool] = None,
+                        revise_keys=[(r'^module.', '')]):
         """Load ``filename`` into the model (see the class notes).
 
         Args:
@@ -205,8 +215,8 @@ class PolaRunner(Runner):
             if message:
                 self.logger.warning(f'{message}\nLoading only what fits (partial loading '
                                     'is allowed).')
-        _load_checkpoint_to_model(model, checkpoint, strict=False, logger=self.logger,
-                                  revise_keys=revise_keys)
+        _load_checkpoint_to_model(
+            model, checkpoint, strict=False, logger=self.logger, revise_keys=revise_keys)
         self._has_loaded = True
         self.logger.info(f'Load checkpoint from {filename}')
 

@@ -57,8 +57,7 @@ def to_weights_only_safe(obj):
 
 def _decode_buffer(state: dict) -> HistoryBuffer:
     if _BUFFER_TAG in state:
-        log, count, max_length = (state['log_history'], state['count_history'],
-                                  state['max_length'])
+        log, count, max_length = (state['log_history'], state['count_history'], state['max_length'])
     else:  # the state of a pickled HistoryBuffer (private attribute names)
         log, count = state.get('_log_history', []), state.get('_count_history', [])
         max_length = state.get('_max_length', 1000000)

@@ -57,8 +57,7 @@ class SpatialReduction(nn.Module):
         self.sr = nn.Conv2d(embed_dims, embed_dims, kernel_size=ratio, stride=ratio)
         self.norm = nn.LayerNorm(embed_dims)
 
-    def forward(self, x: Tensor,
-                hw_shape: Sequence[int]) -> Tuple[Tensor, Tuple[int, int]]:
+    def forward(self, x: Tensor, hw_shape: Sequence[int]) -> Tuple[Tensor, Tuple[int, int]]:
         """Reduced tokens and their grid (see the class docstring)."""
         x = self.sr(pad_to_multiple(nlc_to_nchw(x, hw_shape), self.ratio))
         kv_hw = (x.shape[2], x.shape[3])
@@ -124,8 +123,7 @@ class PolaLinearAttention(nn.Module):
         else:
             self.qg = nn.Linear(embed_dims, 2 * embed_dims, bias=qkv_bias)
             self.kv = nn.Linear(embed_dims, 2 * embed_dims, bias=qkv_bias)
-            self.reduction = (
-                SpatialReduction(embed_dims, sr_ratio) if sr_ratio > 1 else None)
+            self.reduction = (SpatialReduction(embed_dims, sr_ratio) if sr_ratio > 1 else None)
         self.proj = nn.Linear(embed_dims, embed_dims)
         self.proj_drop = nn.Dropout(proj_drop)
         self.dwc = nn.Conv2d(
@@ -179,9 +177,8 @@ class PolaLinearAttention(nn.Module):
         B, N, C = x.shape
         H, W = hw_shape
         if N != H * W or C != self.embed_dims:
-            raise ValueError(
-                f'PolaLinearAttention expects (B, {H}*{W}, {self.embed_dims}) '
-                f'tokens for hw_shape {tuple(hw_shape)}; got {tuple(x.shape)}')
+            raise ValueError(f'PolaLinearAttention expects (B, {H}*{W}, {self.embed_dims}) '
+                             f'tokens for hw_shape {tuple(hw_shape)}; got {tuple(x.shape)}')
         if self.family == 'swin':
             q, k, v, g = self.qkvg(x).unflatten(-1, (4, C)).unbind(-2)
             kv_hw = (H, W)
@@ -196,8 +193,8 @@ class PolaLinearAttention(nn.Module):
             k, v = self.kv(x).unflatten(-1, (2, C)).unbind(-2)
 
         if pos_encoding is None:
-            pos_encoding = resize_token_grid(self.positional_encoding, self.pos_grid,
-                                             kv_hw, mode='bicubic')
+            pos_encoding = resize_token_grid(
+                self.positional_encoding, self.pos_grid, kv_hw, mode='bicubic')
         k = k + pos_encoding
         eps = 1e-6
         if padding_mask is not None:
@@ -233,8 +230,7 @@ class PolaLinearAttention(nn.Module):
         # Local term: one depthwise conv shared by all heads, on v laid out per head.
         if n != N:
             # the official code stretches the flattened key sequence (1-D linear).
-            v = F.interpolate(
-                v.transpose(-2, -1).reshape(B * h, d, n), size=N, mode='linear')
+            v = F.interpolate(v.transpose(-2, -1).reshape(B * h, d, n), size=N, mode='linear')
             v = v.reshape(B, h, d, N).transpose(-2, -1)
         v = v.reshape(B * h, H, W, d).permute(0, 3, 1, 2)  # channels-last layout
         v = depthwise_conv2d(v, self.dwc.weight, self.dwc.bias)
@@ -264,8 +260,8 @@ class StagePositionalEncodings:
         whose grid differs from its key grid, else None (the module uses its own
         ``P``, or is no Pola module)."""
         todo = [
-            i for i, m in enumerate(modules) if isinstance(m, PolaLinearAttention)
-            and m.key_grid(hw_shape) != m.pos_grid
+            i for i, m in enumerate(modules)
+            if isinstance(m, PolaLinearAttention) and m.key_grid(hw_shape) != m.pos_grid
         ]
         if not todo:
             return [None] * len(modules)
@@ -317,8 +313,7 @@ class SpatialReductionAttention(nn.Module):
         self.head_dims = head_dims(embed_dims, num_heads)
         self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
         self.kv = nn.Linear(embed_dims, 2 * embed_dims, bias=qkv_bias)
-        self.reduction = (
-            SpatialReduction(embed_dims, sr_ratio) if sr_ratio > 1 else None)
+        self.reduction = (SpatialReduction(embed_dims, sr_ratio) if sr_ratio > 1 else None)
         self.attn_drop = attn_drop
         self.proj = nn.Linear(embed_dims, embed_dims)
         self.proj_drop = nn.Dropout(proj_drop)
@@ -329,8 +324,7 @@ class SpatialReductionAttention(nn.Module):
         q = self.q(x).reshape(B, N, self.num_heads, self.head_dims).transpose(1, 2)
         if self.reduction is not None:
             x, _ = self.reduction(x, hw_shape)
-        k, v = self.kv(x).reshape(B, -1, 2, self.num_heads,
-                                  self.head_dims).permute(2, 0, 3, 1, 4)
+        k, v = self.kv(x).reshape(B, -1, 2, self.num_heads, self.head_dims).permute(2, 0, 3, 1, 4)
         out = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.attn_drop if self.training else 0.)
         out = out.transpose(1, 2).reshape(B, N, C)
@@ -340,9 +334,8 @@ class SpatialReductionAttention(nn.Module):
 def relative_position_index(window_size: int) -> Tensor:
     """Index into the (2w-1)^2 bias table for every (query, key) pair of a window."""
     coords = torch.stack(
-        torch.meshgrid(
-            torch.arange(window_size), torch.arange(window_size),
-            indexing='ij')).flatten(1)  # (2, w*w): row, col
+        torch.meshgrid(torch.arange(window_size), torch.arange(window_size),
+                       indexing='ij')).flatten(1)  # (2, w*w): row, col
     rel = coords[:, :, None] - coords[:, None, :] + window_size - 1
     return rel[0] * (2 * window_size - 1) + rel[1]
 
@@ -376,9 +369,7 @@ class WindowMSA(nn.Module):
         self.relative_position_bias_table = nn.Parameter(
             torch.zeros((2 * window_size - 1)**2, num_heads))
         self.register_buffer(
-            'relative_position_index',
-            relative_position_index(window_size),
-            persistent=False)
+            'relative_position_index', relative_position_index(window_size), persistent=False)
         self.qkv = nn.Linear(embed_dims, 3 * embed_dims, bias=qkv_bias)
         self.attn_drop = nn.Dropout(attn_drop)
         self.proj = nn.Linear(embed_dims, embed_dims)
@@ -388,12 +379,11 @@ class WindowMSA(nn.Module):
         """Attention within each window, with the relative position bias and the
         additive ``mask`` (per window, shared by the batch)."""
         Bw, T, C = x.shape
-        qkv = self.qkv(x).reshape(Bw, T, 3, self.num_heads,
-                                  self.head_dims).permute(2, 0, 3, 1, 4)
+        qkv = self.qkv(x).reshape(Bw, T, 3, self.num_heads, self.head_dims).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
         attn = (q * self.head_dims**-0.5) @ k.transpose(-2, -1)
-        bias = self.relative_position_bias_table[
-            self.relative_position_index.view(-1)].view(T, T, -1)
+        bias = self.relative_position_bias_table[self.relative_position_index.view(-1)].view(
+            T, T, -1)
         attn = attn + bias.permute(2, 0, 1).unsqueeze(0)
         if mask is not None:
             nW = mask.shape[0]

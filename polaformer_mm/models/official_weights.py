@@ -71,8 +71,7 @@ _SWIN_RULES = [
 
 
 def convert_official_state_dict(state_dict: Dict[str, torch.Tensor],
-                                family: Optional[str] = None
-                                ) -> 'OrderedDict[str, torch.Tensor]':
+                                family: Optional[str] = None) -> 'OrderedDict[str, torch.Tensor]':
     """Official PolaFormer keys -> mmpretrain ImageClassifier keys
     (``backbone.*`` for PolaPVT / PolaSwin, ``head.fc.*`` for the classifier)."""
     detected = detect_official_family(state_dict)
@@ -85,8 +84,8 @@ def convert_official_state_dict(state_dict: Dict[str, torch.Tensor],
                          f'model, but a Pola-{family.upper()} backbone asked for it')
     rules = _PVT_RULES if detected == PVT_FAMILY else _SWIN_RULES
     num_swin_stages = 1 + max(
-        (int(m[1]) for m in map(re.compile(r'^layers\.(\d+)\.').match, state_dict)
-         if m), default=-1)
+        (int(m[1]) for m in map(re.compile(r'^layers\.(\d+)\.').match, state_dict) if m),
+        default=-1)
 
     out, unknown = OrderedDict(), []
     for key, value in state_dict.items():
@@ -137,8 +136,8 @@ def convert_official_checkpoint(src: str, dst: str) -> Dict[str, torch.Tensor]:
     """
     src, dst = os.fspath(src), os.fspath(dst)
     _refuse_same_file(src, dst)
-    state_dict = extract_state_dict(load_checkpoint_file(src, what='official checkpoint'),
-                                    source=src)
+    state_dict = extract_state_dict(
+        load_checkpoint_file(src, what='official checkpoint'), source=src)
     family = detect_official_family(state_dict)
     converted = convert_official_state_dict(state_dict)
     meta = dict(
@@ -149,7 +148,8 @@ def convert_official_checkpoint(src: str, dst: str) -> Dict[str, torch.Tensor]:
     return converted
 
 
-def load_backbone_weights(checkpoint: str, family: str,
+def load_backbone_weights(checkpoint: str,
+                          family: str,
                           prefix: Optional[str] = None) -> Dict[str, torch.Tensor]:
     """Backbone state dict from a converted file (prefix stripped; without a prefix,
     'backbone.' is stripped when present), a bare backbone state dict, or an official
@@ -172,10 +172,7 @@ def load_backbone_weights(checkpoint: str, family: str,
     elif prefix is None and any(k.startswith('backbone.') for k in state_dict):
         prefix = 'backbone.'  # a whole-model checkpoint (ours, or mmdet/mmseg/mmpretrain)
     if prefix:
-        stripped = {
-            k[len(prefix):]: v
-            for k, v in state_dict.items() if k.startswith(prefix)
-        }
+        stripped = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
         if not stripped:
             raise KeyError(f'no key of {checkpoint!r} starts with prefix {prefix!r}; '
                            f'first keys: {list(state_dict)[:5]}')

@@ -33,8 +33,8 @@ def pad_to_multiple(x: Tensor, multiple: int) -> Tensor:
     return x
 
 
-def resize_token_grid(tokens: Tensor, src_hw: Sequence[int],
-                      dst_hw: Sequence[int], mode: str) -> Tensor:
+def resize_token_grid(tokens: Tensor, src_hw: Sequence[int], dst_hw: Sequence[int],
+                      mode: str) -> Tensor:
     """Resize (T, Hs*Ws, C) tokens laid out on ``src_hw`` to ``dst_hw``
     (``F.interpolate`` with ``align_corners=False``); returned as they are when
     the grids agree."""
@@ -90,8 +90,7 @@ class PatchEmbed(nn.Module):
                  norm_cfg: dict = dict(type='LN')):
         super().__init__()
         self.patch_size = patch_size
-        self.proj = nn.Conv2d(
-            in_channels, embed_dims, kernel_size=patch_size, stride=patch_size)
+        self.proj = nn.Conv2d(in_channels, embed_dims, kernel_size=patch_size, stride=patch_size)
         self.norm = build_norm_layer(norm_cfg, embed_dims)[1]
 
     def forward(self, x: Tensor) -> Tuple[Tensor, Tuple[int, int]]:

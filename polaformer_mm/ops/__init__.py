@@ -6,6 +6,6 @@ from .pola_attention import (BACKENDS, check_alpha, pola_exponent, pola_linear_a
 
 __all__ = [
     'BACKENDS', 'pola_linear_attention', 'pola_linear_attention_naive',
-    'pola_linear_attention_reference', 'polarity_features', 'set_default_backend',
-    'pola_exponent', 'check_alpha', 'pola_attention_weights', 'attention_entropy', 'depthwise_conv2d'
+    'pola_linear_attention_reference', 'polarity_features', 'set_default_backend', 'pola_exponent',
+    'check_alpha', 'pola_attention_weights', 'attention_entropy', 'depthwise_conv2d'
 ]

@@ -31,8 +31,9 @@ def _prune(configs, named_args, **kwargs):
 
 
 def _autotune(fn):
-    return triton.autotune(configs=CONFIGS, key=['d'],
-                           prune_configs_by={'early_config_prune': _prune})(fn)
+    return triton.autotune(
+        configs=CONFIGS, key=['d'], prune_configs_by={'early_config_prune': _prune})(
+            fn)
 
 
 @triton.jit
@@ -76,11 +77,10 @@ def _load_summary(W, offs_d, d, d_mask):
 
 @_autotune
 @triton.jit
-def _key_summary_kernel(K, V, P, KV, KMEAN, KMAX, stride_kb, stride_kh, stride_kn,
-                        stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, H, n, d,
-                        rows_per_split, n_splits, BLOCK_N: tl.constexpr,
-                        BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-                        TINY: tl.constexpr):
+def _key_summary_kernel(K, V, P, KV, KMEAN, KMAX, stride_kb, stride_kh, stride_kn, stride_kd,
+                        stride_vb, stride_vh, stride_vn, stride_vd, H, n, d, rows_per_split,
+                        n_splits, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                        PRECISION: tl.constexpr, TINY: tl.constexpr):
     """Per (batch*head, split): [k+, k-]^T v, the feature sums and the shift used.
 
     Within a split the shift is the running max of p log|k| (at least 0); the
@@ -142,10 +142,10 @@ def _query_features(q, p, TINY: tl.constexpr):
 
 @_autotune
 @triton.jit
-def _query_forward_kernel(Q, W, P, EPS, KMAX, OUT, stride_qb, stride_qh, stride_qn,
-                          stride_qd, stride_ob, stride_oh, stride_on, stride_od, H, N, d,
-                          d1, rows_per_split, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                          PRECISION: tl.constexpr, TINY: tl.constexpr):
+def _query_forward_kernel(Q, W, P, EPS, KMAX, OUT, stride_qb, stride_qh, stride_qn, stride_qd,
+                          stride_ob, stride_oh, stride_on, stride_od, H, N, d, d1, rows_per_split,
+                          BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+                          TINY: tl.constexpr):
     """Blocks of queries: features in registers, times W, divided per stream."""
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -182,12 +182,11 @@ def _query_forward_kernel(Q, W, P, EPS, KMAX, OUT, stride_qb, stride_qh, stride_
 
 @_autotune
 @triton.jit
-def _query_backward_kernel(Q, GO, W, P, EPS, KMAX, GQ, GW, GP, stride_qb, stride_qh,
-                           stride_qn, stride_qd, stride_gob, stride_goh, stride_gon,
-                           stride_god, stride_gqb, stride_gqh, stride_gqn, stride_gqd, H,
-                           N, d, d1, rows_per_split, n_splits, BLOCK_N: tl.constexpr,
-                           BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-                           TINY: tl.constexpr):
+def _query_backward_kernel(Q, GO, W, P, EPS, KMAX, GQ, GW, GP, stride_qb, stride_qh, stride_qn,
+                           stride_qd, stride_gob, stride_goh, stride_gon, stride_god, stride_gqb,
+                           stride_gqh, stride_gqn, stride_gqd, H, N, d, d1, rows_per_split,
+                           n_splits, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                           PRECISION: tl.constexpr, TINY: tl.constexpr):
     """Gradient of q, and per split the partial gradients of W and of the exponent."""
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -251,8 +250,7 @@ def _query_backward_kernel(Q, GO, W, P, EPS, KMAX, GQ, GW, GP, stride_qb, stride
     gw_base = GW + part * (2 * d * (d + 2))
     w_mask = d_mask[:, None] & d_mask[None, :]
     tl.store(gw_base + offs_d[:, None] * (d + 2) + offs_d[None, :], acc_w_pos, mask=w_mask)
-    tl.store(gw_base + (d + offs_d[:, None]) * (d + 2) + offs_d[None, :], acc_w_neg,
-             mask=w_mask)
+    tl.store(gw_base + (d + offs_d[:, None]) * (d + 2) + offs_d[None, :], acc_w_neg, mask=w_mask)
     tl.store(gw_base + offs_d * (d + 2) + d, acc_s_pos, mask=d_mask)
     tl.store(gw_base + (d + offs_d) * (d + 2) + d, acc_s_neg, mask=d_mask)
     tl.store(gw_base + offs_d * (d + 2) + d + 1, acc_o_pos, mask=d_mask)
@@ -262,12 +260,11 @@ def _query_backward_kernel(Q, GO, W, P, EPS, KMAX, GQ, GW, GP, stride_qb, stride
 
 @_autotune
 @triton.jit
-def _key_backward_kernel(K, V, P, KMAX, GKV, GMEAN, GK, GV, GP, stride_kb, stride_kh,
-                         stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
-                         stride_gkb, stride_gkh, stride_gkn, stride_gkd, stride_gvb,
-                         stride_gvh, stride_gvn, stride_gvd, H, n, d, rows_per_split,
-                         n_splits, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                         PRECISION: tl.constexpr, TINY: tl.constexpr):
+def _key_backward_kernel(K, V, P, KMAX, GKV, GMEAN, GK, GV, GP, stride_kb, stride_kh, stride_kn,
+                         stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_gkb,
+                         stride_gkh, stride_gkn, stride_gkd, stride_gvb, stride_gvh, stride_gvn,
+                         stride_gvd, H, n, d, rows_per_split, n_splits, BLOCK_N: tl.constexpr,
+                         BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, TINY: tl.constexpr):
     """Gradients of k and v from those of [k+, k-]^T v / n (GKV) and the key means."""
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -279,10 +276,9 @@ def _key_backward_kernel(K, V, P, KMAX, GKV, GMEAN, GK, GV, GP, stride_kb, strid
     k_shift = tl.load(KMAX + pid_bh)
     gkv_base = GKV + pid_bh.to(tl.int64) * (2 * d * d)
     g_mask = d_mask[:, None] & d_mask[None, :]
-    g_kv_pos = tl.load(gkv_base + offs_d[:, None] * d + offs_d[None, :], mask=g_mask,
-                       other=0.)
-    g_kv_neg = tl.load(gkv_base + (d + offs_d[:, None]) * d + offs_d[None, :],
-                       mask=g_mask, other=0.)
+    g_kv_pos = tl.load(gkv_base + offs_d[:, None] * d + offs_d[None, :], mask=g_mask, other=0.)
+    g_kv_neg = tl.load(
+        gkv_base + (d + offs_d[:, None]) * d + offs_d[None, :], mask=g_mask, other=0.)
     gmean_base = GMEAN + pid_bh.to(tl.int64) * (2 * d)
     g_mean_pos = tl.load(gmean_base + offs_d, mask=d_mask, other=0.)
     g_mean_neg = tl.load(gmean_base + d + offs_d, mask=d_mask, other=0.)

@@ -73,8 +73,7 @@ def pola_attention_weights(q_rows: Tensor,
     dtype = q_rows.dtype
     k = k.to(dtype)
     exponent = pola_exponent(power.to(device=q_rows.device, dtype=dtype), check_alpha(alpha))
-    if exponent.dim() != 4 or exponent.shape[1] not in (1, h) or exponent.shape[3] not in (
-            1, d):
+    if exponent.dim() != 4 or exponent.shape[1] not in (1, h) or exponent.shape[3] not in (1, d):
         raise ValueError(f'power shape {tuple(power.shape)} must broadcast to '
                          f'(1,{h},1,{d})')
 

@@ -62,10 +62,8 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    'pola_linear_attention', 'pola_linear_attention_reference',
-    'pola_linear_attention_naive', 'polarity_features', 'set_default_backend',
-    'pola_exponent', 'check_alpha',
-    'BACKENDS'
+    'pola_linear_attention', 'pola_linear_attention_reference', 'pola_linear_attention_naive',
+    'polarity_features', 'set_default_backend', 'pola_exponent', 'check_alpha', 'BACKENDS'
 ]
 
 #: Names accepted by ``backend=`` and :func:`set_default_backend`.
@@ -94,20 +92,18 @@ def set_default_backend(backend: str) -> str:
 
 def check_alpha(alpha) -> float:
     """``alpha`` as a float; a ValueError unless it is a finite number > 0."""
-    if (isinstance(alpha, bool) or not isinstance(alpha, numbers.Real)
-            or not math.isfinite(alpha) or alpha <= 0):
+    if (isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not math.isfinite(alpha)
+            or alpha <= 0):
         raise ValueError('pola_linear_attention: alpha must be a finite number > 0 '
                          f'(the exponent is 1 + alpha * sigmoid(power)); got {alpha!r}')
     return float(alpha)
 
 
-def _check_inputs(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha,
-                  eps: EpsType) -> float:
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha, eps: EpsType) -> float:
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(
-            'pola_linear_attention expects q (B,h,N,d), k (B,h,n,d) and v '
-            f'(B,h,n,d); got q {tuple(q.shape)}, k {tuple(k.shape)}, '
-            f'v {tuple(v.shape)}')
+        raise ValueError('pola_linear_attention expects q (B,h,N,d), k (B,h,n,d) and v '
+                         f'(B,h,n,d); got q {tuple(q.shape)}, k {tuple(k.shape)}, '
+                         f'v {tuple(v.shape)}')
     B, h, _, d = q.shape
     if k.shape[:2] != (B, h) or k.shape[3] != d:
         raise ValueError(f'k shape {tuple(k.shape)} does not match q shape '
@@ -130,8 +126,8 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha,
         if eps.dim() > 4 or shape != (B, h, 1, 1):
             raise ValueError(f'eps shape {tuple(eps.shape)} must broadcast to '
                              f'(B,h,1,1) = {(B, h, 1, 1)}')
-    elif (isinstance(eps, bool) or not isinstance(eps, numbers.Real)
-          or not math.isfinite(eps) or eps <= 0):
+    elif (isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not math.isfinite(eps)
+          or eps <= 0):
         raise ValueError(f'pola_linear_attention: eps must be a finite number > 0 or '
                          f'a tensor broadcastable to (B,h,1,1); got {eps!r}')
     return check_alpha(alpha)
@@ -273,12 +269,12 @@ def _times_planes(x: Tensor, W: Tensor) -> Tensor:
 
 def _planes_t_times(x: Tensor, y: Tensor) -> Tensor:
     """``[x+, x-]^T @ y`` (..., 2d, c) for features as planes and y (..., m, c)."""
-    return torch.cat([torch.matmul(x[0].transpose(-2, -1), y),
-                      torch.matmul(x[1].transpose(-2, -1), y)], dim=-2)
+    return torch.cat(
+        [torch.matmul(x[0].transpose(-2, -1), y),
+         torch.matmul(x[1].transpose(-2, -1), y)], dim=-2)
 
 
-def _feature_grads(prod: Tensor, scaled: Tensor, inv_x: Tensor,
-                   p: Tensor) -> Tuple[Tensor, Tensor]:
+def _feature_grads(prod: Tensor, scaled: Tensor, inv_x: Tensor, p: Tensor) -> Tuple[Tensor, Tensor]:
     """Gradients of x (..., d) and of the exponent p (1,h,1,d), in place.
 
     ``prod`` (2, ...) is the gradient of the feature planes times the features. With
@@ -356,8 +352,10 @@ class _PolaAttentionFunction(torch.autograd.Function):
         gW = _planes_t_times(qf, g_full)
         g_feat = torch.empty_like(qf[0])  # the gradient of one feature plane at a time
         for i in range(2):
-            torch.bmm(_bmm(g_full), _bmm(W[..., i * d:(i + 1) * d, :]).transpose(-2, -1),
-                      out=_bmm(g_feat))
+            torch.bmm(
+                _bmm(g_full),
+                _bmm(W[..., i * d:(i + 1) * d, :]).transpose(-2, -1),
+                out=_bmm(g_feat))
             qf[i].mul_(g_feat)
         del out_full, g_full, g_feat
         g_q, g_p = _feature_grads(qf, scaled, inv_x, p)
@@ -373,8 +371,11 @@ class _PolaAttentionFunction(torch.autograd.Function):
         v_b = _bmm(v)
         for i in range(2):
             rows = slice(i * d, (i + 1) * d)
-            torch.baddbmm(_bmm(g_mean[..., None, rows]), v_b,
-                          _bmm(g_kv[..., rows, :]).transpose(-2, -1), out=_bmm(g_feat))
+            torch.baddbmm(
+                _bmm(g_mean[..., None, rows]),
+                v_b,
+                _bmm(g_kv[..., rows, :]).transpose(-2, -1),
+                out=_bmm(g_feat))
             kf[i].mul_(g_feat)
         del g_feat, v_b
         g_k, g_pk = _feature_grads(kf, scaled, inv_x, p)
@@ -524,8 +525,8 @@ def pola_linear_attention_reference(q: Tensor,
     v1, v2 = v[..., :d1], v[..., d1:]
 
     outs = []
-    for queries, values in ((torch.cat([q_pos, q_neg], -1), v1),
-                            (torch.cat([q_neg, q_pos], -1), v2)):
+    for queries, values in ((torch.cat([q_pos, q_neg], -1), v1), (torch.cat([q_neg, q_pos],
+                                                                            -1), v2)):
         scores = torch.matmul(queries, keys.transpose(-2, -1))  # (B,h,N,n)
         weights = scores / (scores.sum(dim=-1, keepdim=True) + n * eps)
         outs.append(torch.matmul(weights, values))

@@ -20,8 +20,7 @@ from typing import Tuple
 import torch
 from torch import Tensor
 
-from .pola_attention import (EpsType, _assemble_summary, pola_exponent, _summary_grads,
-                             _value_split)
+from .pola_attention import EpsType, _assemble_summary, _summary_grads, _value_split, pola_exponent
 
 try:
     from . import _pola_triton_kernels as _kernels
@@ -35,7 +34,6 @@ __all__ = ['available', 'supports', 'pola_linear_attention_triton', 'MAX_HEAD_DI
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _TINY = float(torch.finfo(torch.float32).tiny)
-
 
 #: Largest head width the kernels take (their accumulators are d x d blocks).
 MAX_HEAD_DIM = 128
@@ -89,14 +87,14 @@ def _precision(device: torch.device) -> str:
 def _meta(d: int, device: torch.device) -> dict:
     """The compile-time arguments of every kernel launch (the autotuner adds BLOCK_N,
     num_warps and num_stages)."""
-    return dict(BLOCK_D=_block_d(d), PRECISION=_precision(device), TINY=_TINY,
-                enable_fp_fusion=True)
+    return dict(
+        BLOCK_D=_block_d(d), PRECISION=_precision(device), TINY=_TINY, enable_fp_fusion=True)
 
 
 def _eps_per_head(eps: EpsType, B: int, h: int, device: torch.device) -> Tensor:
     if isinstance(eps, Tensor):
-        return eps.detach().to(device=device, dtype=torch.float32).expand(
-            B, h, 1, 1).reshape(B * h).contiguous()
+        return eps.detach().to(
+            device=device, dtype=torch.float32).expand(B, h, 1, 1).reshape(B * h).contiguous()
     return torch.full((B * h, ), float(eps), dtype=torch.float32, device=device)
 
 
@@ -117,9 +115,9 @@ class _PolaAttentionTriton(torch.autograd.Function):
         kv_part = torch.empty(bh, splits, 2 * d, d, dtype=torch.float32, device=device)
         sum_part = torch.empty(bh, splits, 2 * d, dtype=torch.float32, device=device)
         shift_part = torch.empty(bh, splits, dtype=torch.float32, device=device)
-        _kernels._key_summary_kernel[(bh, splits)](
-            k, v, p, kv_part, sum_part, shift_part, *k.stride(), *v.stride(), h, n, d,
-            rows, splits, **meta)
+        _kernels._key_summary_kernel[(bh, splits)](k, v, p, kv_part, sum_part, shift_part,
+                                                   *k.stride(), *v.stride(), h, n, d, rows, splits,
+                                                   **meta)
         k_shift = shift_part.amax(dim=1)
         rescale = torch.exp(shift_part - k_shift[:, None])
         kv = torch.einsum('bsij,bs->bij', kv_part, rescale).div_(n)
@@ -128,9 +126,9 @@ class _PolaAttentionTriton(torch.autograd.Function):
 
         out = torch.empty_like(q)
         rows, splits = _splits(N, bh, device)
-        _kernels._query_forward_kernel[(bh, splits)](
-            q, W, p, eps_bh, k_shift, out, *q.stride(), *out.stride(), h, N, d,
-            _value_split(d), rows, **meta)
+        _kernels._query_forward_kernel[(bh, splits)](q, W, p, eps_bh, k_shift, out,
+                                                     *q.stride(), *out.stride(), h, N, d,
+                                                     _value_split(d), rows, **meta)
         ctx.alpha = alpha
         ctx.save_for_backward(q, k, v, power, W, k_shift, eps_bh)
         return out
@@ -150,9 +148,10 @@ class _PolaAttentionTriton(torch.autograd.Function):
         rows, splits = _splits(N, bh, device)
         gw_part = torch.empty(bh, splits, 2 * d, d + 2, dtype=torch.float32, device=device)
         gp_q = torch.empty(bh, splits, d, dtype=torch.float32, device=device)
-        _kernels._query_backward_kernel[(bh, splits)](
-            q, grad_out, W, p, eps_bh, k_shift, g_q, gw_part, gp_q, *q.stride(),
-            *grad_out.stride(), *g_q.stride(), h, N, d, _value_split(d), rows, splits, **meta)
+        _kernels._query_backward_kernel[(bh, splits)](q, grad_out, W, p, eps_bh, k_shift, g_q,
+                                                      gw_part, gp_q, *q.stride(),
+                                                      *grad_out.stride(), *g_q.stride(), h, N, d,
+                                                      _value_split(d), rows, splits, **meta)
         g_kv, g_mean = _summary_grads(gw_part.sum(dim=1), d)
         g_kv = g_kv.div_(n).contiguous()
         g_mean = g_mean.div_(n).contiguous()
@@ -161,17 +160,17 @@ class _PolaAttentionTriton(torch.autograd.Function):
         g_v = torch.empty_like(v)
         rows, splits = _splits(n, bh, device)
         gp_k = torch.empty(bh, splits, d, dtype=torch.float32, device=device)
-        _kernels._key_backward_kernel[(bh, splits)](
-            k, v, p, k_shift, g_kv, g_mean, g_k, g_v, gp_k, *k.stride(), *v.stride(),
-            *g_k.stride(), *g_v.stride(), h, n, d, rows, splits, **meta)
+        _kernels._key_backward_kernel[(bh, splits)](k, v, p, k_shift, g_kv, g_mean, g_k, g_v, gp_k,
+                                                    *k.stride(), *v.stride(), *g_k.stride(),
+                                                    *g_v.stride(), h, n, d, rows, splits, **meta)
         g_p = (gp_q.sum(dim=1) + gp_k.sum(dim=1)).reshape(B, h, d).sum(dim=0)
         s = torch.sigmoid(power.detach().float()).reshape(h, d)
         g_power = g_p.mul_(s * (1 - s) * ctx.alpha).reshape(power.shape).to(power.dtype)
         return g_q, g_k, g_v, g_power, None, None
 
 
-def pola_linear_attention_triton(q: Tensor, k: Tensor, v: Tensor, power: Tensor,
-                                 alpha: float, eps: EpsType) -> Tensor:
+def pola_linear_attention_triton(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: float,
+                                 eps: EpsType) -> Tensor:
     """The fused kernels; arguments as :func:`~polaformer_mm.ops.pola_linear_attention`
     (already checked there). Returns q's dtype; computes in float32.
 
@@ -187,9 +186,8 @@ def pola_linear_attention_triton(q: Tensor, k: Tensor, v: Tensor, power: Tensor,
         Tensor: (B, h, N, d) in q's dtype and memory layout.
     """
     if _kernels is None:
-        raise RuntimeError(
-            'pola_linear_attention(backend="triton") needs Triton: pip install '
-            f'polaformer_mm[triton] (import failed: {_import_error})')
+        raise RuntimeError('pola_linear_attention(backend="triton") needs Triton: pip install '
+                           f'polaformer_mm[triton] (import failed: {_import_error})')
     if q.device.type != 'cuda' and not _interpreting():
         raise ValueError('pola_linear_attention(backend="triton") needs CUDA tensors '
                          f'(got {q.device}); use backend="torch" on the CPU')

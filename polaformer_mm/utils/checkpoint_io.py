@@ -40,9 +40,9 @@ import torch
 from mmengine.runner.checkpoint import CheckpointLoader, load_from_local
 
 __all__ = [
-    'CheckpointError', 'HistoryBufferStandIn', 'allowed_globals', 'atomic_save',
-    'atomic_write', 'is_local_checkpoint', 'load_checkpoint', 'replace_file',
-    'require_checkpoint', 'safe_load_scope'
+    'CheckpointError', 'HistoryBufferStandIn', 'allowed_globals', 'atomic_save', 'atomic_write',
+    'is_local_checkpoint', 'load_checkpoint', 'replace_file', 'require_checkpoint',
+    'safe_load_scope'
 ]
 
 _FORCE_WEIGHTS_ONLY = 'TORCH_FORCE_WEIGHTS_ONLY_LOAD'
@@ -93,7 +93,9 @@ _NUMERIC_DTYPE_CLASSES = tuple(
 def allowed_globals() -> list:
     """What weights-only loading accepts beyond torch's own allowlist."""
     return [
-        np.dtype, np.ndarray, *_NUMERIC_DTYPE_CLASSES,
+        np.dtype,
+        np.ndarray,
+        *_NUMERIC_DTYPE_CLASSES,
         (np._core.multiarray.scalar, 'numpy._core.multiarray.scalar'),
         (np._core.multiarray._reconstruct, 'numpy._core.multiarray._reconstruct'),
         (np._core.multiarray.scalar, 'numpy.core.multiarray.scalar'),
@@ -208,8 +210,10 @@ def _read_error(path: str, what: str, err: BaseException) -> CheckpointError:
                            f'failed ({reason})')
 
 
-def load_checkpoint(path: Union[str, os.PathLike], map_location: Any = 'cpu',
-                    what: str = 'checkpoint', logger: Optional[str] = None) -> Any:
+def load_checkpoint(path: Union[str, os.PathLike],
+                    map_location: Any = 'cpu',
+                    what: str = 'checkpoint',
+                    logger: Optional[str] = None) -> Any:
     """Read a checkpoint from anywhere mmengine's ``CheckpointLoader`` reads, weights-only.
 
     Args:

@@ -66,11 +66,10 @@ def missing_cuda_ops_message(torch_cuda: Optional[str], what: str) -> str:
     """
     toolkit = f'CUDA toolkit {torch_cuda}' if torch_cuda else \
         'CUDA toolkit of the version torch was built for (torch.version.cuda)'
-    return (
-        f'{what} Fix: install the {toolkit} (nvcc on PATH, or CUDA_HOME pointing at it) '
-        'and rebuild mmcv with its CUDA ops (`make clean-venv install`; the mmcv wheel '
-        f'cache is keyed by CUDA version and GPU arch), or set {CPU_ONLY_ENV}=1 to '
-        'knowingly use CPU-only mmcv ops (mmdet detectors then cannot run on a GPU).')
+    return (f'{what} Fix: install the {toolkit} (nvcc on PATH, or CUDA_HOME pointing at it) '
+            'and rebuild mmcv with its CUDA ops (`make clean-venv install`; the mmcv wheel '
+            f'cache is keyed by CUDA version and GPU arch), or set {CPU_ONLY_ENV}=1 to '
+            'knowingly use CPU-only mmcv ops (mmdet detectors then cannot run on a GPU).')
 
 
 def _version_tuple(version: str) -> Tuple[int, ...]:
@@ -106,7 +105,8 @@ def _arch_tag(arch_list: str) -> str:
     return 'sm' + '_'.join(nums) if nums else 'smnone'
 
 
-def plan_mmcv_build(torch_cuda: Optional[str], nvcc_version: Optional[str],
+def plan_mmcv_build(torch_cuda: Optional[str],
+                    nvcc_version: Optional[str],
                     gpu_capabilities: Sequence[Tuple[int, int]],
                     env: Mapping[str, str],
                     max_supported: Optional[Tuple[int, int]] = None) -> MmcvBuildPlan:
@@ -130,14 +130,16 @@ def plan_mmcv_build(torch_cuda: Optional[str], nvcc_version: Optional[str],
             f'{CPU_ONLY_ENV}=1: CPU-only ops although torch is a CUDA {torch_cuda} build '
             '(mmdet detectors will not run on a GPU)')
     if nvcc_version is None:
-        raise MmcvBuildError(missing_cuda_ops_message(
-            torch_cuda, f'torch is a CUDA {torch_cuda} build but no nvcc was found '
-            '(PATH, CUDA_HOME, /usr/local/cuda), so mmcv would be built without its CUDA '
-            'ops.'))
+        raise MmcvBuildError(
+            missing_cuda_ops_message(
+                torch_cuda, f'torch is a CUDA {torch_cuda} build but no nvcc was found '
+                '(PATH, CUDA_HOME, /usr/local/cuda), so mmcv would be built without its CUDA '
+                'ops.'))
     if _version_tuple(nvcc_version)[:1] != _version_tuple(torch_cuda)[:1]:
-        raise MmcvBuildError(missing_cuda_ops_message(
-            torch_cuda, f'nvcc is CUDA {nvcc_version} but torch was built for CUDA '
-            f'{torch_cuda}; mmcv\'s CUDA ops cannot be compiled across major versions.'))
+        raise MmcvBuildError(
+            missing_cuda_ops_message(
+                torch_cuda, f'nvcc is CUDA {nvcc_version} but torch was built for CUDA '
+                f'{torch_cuda}; mmcv\'s CUDA ops cannot be compiled across major versions.'))
     arch_list = env.get('TORCH_CUDA_ARCH_LIST', '').strip()
     if arch_list and arch_list != 'native':
         source = 'TORCH_CUDA_ARCH_LIST'
@@ -163,8 +165,7 @@ def nvcc_version(cuda_home: Optional[str]) -> Optional[str]:
     if not (os.path.isfile(nvcc) and os.access(nvcc, os.X_OK)):
         return None
     try:
-        out = subprocess.run([nvcc, '--version'], capture_output=True, text=True,
-                             timeout=60).stdout
+        out = subprocess.run([nvcc, '--version'], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     m = re.search(r'release (\d+\.\d+)', out)
@@ -174,19 +175,26 @@ def nvcc_version(cuda_home: Optional[str]) -> Optional[str]:
 def probe_build_environment() -> Dict[str, object]:
     """What :func:`plan_mmcv_build` needs, read from torch and this machine."""
     import torch
-    info: Dict[str, object] = dict(torch_version=torch.__version__.split('+')[0],
-                                   torch_cuda=torch.version.cuda, nvcc_version=None,
-                                   gpu_capabilities=[], max_supported=None)
+    info: Dict[str, object] = dict(
+        torch_version=torch.__version__.split('+')[0],
+        torch_cuda=torch.version.cuda,
+        nvcc_version=None,
+        gpu_capabilities=[],
+        max_supported=None)
     if not torch.version.cuda:
         return info
     # the nvcc torch's extension builder will use (CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda)
     from torch.utils.cpp_extension import CUDA_HOME
     info['nvcc_version'] = nvcc_version(CUDA_HOME)
     if torch.cuda.is_available():
-        info['gpu_capabilities'] = [torch.cuda.get_device_capability(i)
-                                    for i in range(torch.cuda.device_count())]
-        sms = [int(''.join(re.findall(r'\d+', a.split('_')[1])))
-               for a in torch.cuda.get_arch_list() if a.startswith('sm_')]
+        info['gpu_capabilities'] = [
+            torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())
+        ]
+        sms = [
+            int(''.join(re.findall(r'\d+',
+                                   a.split('_')[1]))) for a in torch.cuda.get_arch_list()
+            if a.startswith('sm_')
+        ]
         if sms:
             info['max_supported'] = max((s // 10, s % 10) for s in sms)
     return info
@@ -199,8 +207,8 @@ def _plan_main() -> int:
     message on stderr where mmcv cannot be built as this torch needs."""
     info = probe_build_environment()
     try:
-        plan = plan_mmcv_build(info['torch_cuda'], info['nvcc_version'],
-                               info['gpu_capabilities'], os.environ, info['max_supported'])
+        plan = plan_mmcv_build(info['torch_cuda'], info['nvcc_version'], info['gpu_capabilities'],
+                               os.environ, info['max_supported'])
     except MmcvBuildError as e:
         print(f'error: {e}', file=sys.stderr)
         return 1
@@ -236,7 +244,8 @@ def _on_cuda(model) -> bool:
         any(b.is_cuda for b in model.buffers())
 
 
-def check_mmcv_cuda_ops(model, env: Optional[Mapping[str, str]] = None,
+def check_mmcv_cuda_ops(model,
+                        env: Optional[Mapping[str, str]] = None,
                         status: Optional[Tuple[bool, Optional[str], Optional[str]]] = None,
                         on_cuda: Optional[bool] = None) -> None:
     """Stop (``MmcvCudaOpsError``) when ``model`` is on CUDA and calls mmcv ops that the
@@ -258,9 +267,9 @@ def check_mmcv_cuda_ops(model, env: Optional[Mapping[str, str]] = None,
     if ops and cuda:
         return
     import torch
-    what = (f'The model ({type(inner).__name__}) is on CUDA and calls mmcv ops, but '
-            + (f'mmcv\'s compiled ops do not load ({error}).' if not ops else
-               'the installed mmcv was built without CUDA ops (CPU-only).'))
+    what = (f'The model ({type(inner).__name__}) is on CUDA and calls mmcv ops, but ' +
+            (f'mmcv\'s compiled ops do not load ({error}).'
+             if not ops else 'the installed mmcv was built without CUDA ops (CPU-only).'))
     message = missing_cuda_ops_message(torch.version.cuda, what)
     if ops and cpu_only_requested(os.environ if env is None else env):
         warnings.warn(message, RuntimeWarning)
@@ -268,10 +277,11 @@ def check_mmcv_cuda_ops(model, env: Optional[Mapping[str, str]] = None,
     raise MmcvCudaOpsError(message)
 
 
-__all__ = ['CPU_ONLY_ENV', 'MmcvBuildError', 'MmcvCudaOpsError', 'MmcvBuildPlan',
-           'plan_mmcv_build', 'arch_list_from_capabilities', 'missing_cuda_ops_message',
-           'probe_build_environment', 'mmcv_cuda_ops_version', 'uses_mmcv_ops',
-           'check_mmcv_cuda_ops']
+__all__ = [
+    'CPU_ONLY_ENV', 'MmcvBuildError', 'MmcvCudaOpsError', 'MmcvBuildPlan', 'plan_mmcv_build',
+    'arch_list_from_capabilities', 'missing_cuda_ops_message', 'probe_build_environment',
+    'mmcv_cuda_ops_version', 'uses_mmcv_ops', 'check_mmcv_cuda_ops'
+]
 
 if __name__ == '__main__':
     if sys.argv[1:] != ['plan']:

@@ -75,8 +75,9 @@ def prepare_torchvision() -> bool:
 
 def install() -> None:
     """Put the hook at the front of ``sys.meta_path`` (once)."""
-    if not any(isinstance(f, TorchvisionImportHook) or
-               type(f).__name__ == TorchvisionImportHook.__name__ for f in sys.meta_path):
+    if not any(
+            isinstance(f, TorchvisionImportHook)
+            or type(f).__name__ == TorchvisionImportHook.__name__ for f in sys.meta_path):
         if 'torchvision' not in sys.modules:
             sys.meta_path.insert(0, TorchvisionImportHook())
 

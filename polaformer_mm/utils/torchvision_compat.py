@@ -38,8 +38,7 @@ class TorchvisionOpsWarning(UserWarning):
     """torchvision's compiled ops do not load and the start-up hook is not installed."""
 
 
-def nms_cpu(dets: torch.Tensor, scores: torch.Tensor,
-            iou_threshold: float) -> torch.Tensor:
+def nms_cpu(dets: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torch.Tensor:
     """Greedy NMS with the semantics of torchvision's and mmcv's compiled kernels.
 
     A box is dropped when its IoU with a kept box of higher score is greater than
@@ -65,10 +64,8 @@ def nms_cpu(dets: torch.Tensor, scores: torch.Tensor,
         i = order[0]
         keep.append(i)
         rest = order[1:]
-        inter_w = (torch.minimum(x2[i], x2[rest]) -
-                   torch.maximum(x1[i], x1[rest])).clamp(min=0)
-        inter_h = (torch.minimum(y2[i], y2[rest]) -
-                   torch.maximum(y1[i], y1[rest])).clamp(min=0)
+        inter_w = (torch.minimum(x2[i], x2[rest]) - torch.maximum(x1[i], x1[rest])).clamp(min=0)
+        inter_h = (torch.minimum(y2[i], y2[rest]) - torch.maximum(y1[i], y1[rest])).clamp(min=0)
         inter = inter_w * inter_h
         iou = inter / (areas[i] + areas[rest] - inter)
         order = rest[~(iou > iou_threshold)]  # NaN (0 / 0) is kept
@@ -142,4 +139,5 @@ def warn_if_hook_missing(stacklevel: int = 2) -> None:
             'mmdet or mmseg. To make the import order irrelevant, install the start-up '
             'hook into this environment: python -m polaformer_mm.utils.startup_hook '
             '(`make install` does it), or install a torchvision build that matches torch.',
-            TorchvisionOpsWarning, stacklevel=stacklevel)
+            TorchvisionOpsWarning,
+            stacklevel=stacklevel)

@@ -93,8 +93,7 @@ def test_house_rules(path):
     for node in ast.parse(text).body:
         if isinstance(node, ast.Assign) and any(
                 isinstance(t, ast.Name) and t.id == 'custom_imports' for t in node.targets):
-            own = eval(compile(ast.Expression(node.value), path, 'eval'),
-                       {'dict': dict})
+            own = eval(compile(ast.Expression(node.value), path, 'eval'), {'dict': dict})
     assert 'polaformer_mm' in own.get('imports', []), 'custom_imports names polaformer_mm'
     assert own.get('allow_failed_imports') is False
     cfg = _load(path)
@@ -185,8 +184,7 @@ _BUILT = {}
 
 
 def _build_and_check(cfg):
-    key = (cfg.default_scope,
-           json.dumps(cfg.model.to_dict(), sort_keys=True, default=repr))
+    key = (cfg.default_scope, json.dumps(cfg.model.to_dict(), sort_keys=True, default=repr))
     if key not in _BUILT:
         registry = _registry(cfg.default_scope)
         with DefaultScope.overwrite_default_scope(cfg.default_scope):
@@ -196,8 +194,7 @@ def _build_and_check(cfg):
             outs = model.backbone(torch.zeros(1, 3, 64, 64))
         channels = [o.shape[1] for o in outs]
         if _is_pola(cfg):
-            assert channels == [model.backbone.num_features[i]
-                                for i in model.backbone.out_indices]
+            assert channels == [model.backbone.num_features[i] for i in model.backbone.out_indices]
         if _is_pola(cfg):
             _check_weight_decay(cfg, model)
         _BUILT[key] = (channels, _check_channels(model, channels))
@@ -227,8 +224,7 @@ def _check_weight_decay(cfg, model):
             decay[names[id(param)]] = group['weight_decay']
     base = cfg.optim_wrapper.optimizer.weight_decay
     paramwise = 'paramwise_cfg' in cfg.optim_wrapper
-    backbone = {n[len('backbone.'):]: d for n, d in decay.items()
-                if n.startswith('backbone.')}
+    backbone = {n[len('backbone.'):]: d for n, d in decay.items() if n.startswith('backbone.')}
     assert backbone
     for name, value in backbone.items():
         leaf = name.split('.')[-1]
@@ -258,8 +254,9 @@ def test_checkpoint_names_follow_converter():
     for path in CONFIGS:
         with open(osp.join(REPO, path)) as f:
             names.update(re.findall(r'checkpoints/pola_\w+?_mm\.pth', f.read()))
-    assert names <= {f'checkpoints/pola_pvt_{s}_mm.pth' for s in 'tsml'} | {
-        f'checkpoints/pola_swin_{s}_mm.pth' for s in 'tsb'}
+    assert names <= {f'checkpoints/pola_pvt_{s}_mm.pth'
+                     for s in 'tsml'} | {f'checkpoints/pola_swin_{s}_mm.pth'
+                                         for s in 'tsb'}
     assert len(names) == 7
 
 
@@ -284,8 +281,10 @@ def _get_flops_tool():
 
 @pytest.mark.parametrize('path,options', [
     ('configs/pola_pvt/mask-rcnn_pola-pvt-t_fpn_1x_coco.py', None),
-    ('configs/pola_pvt/mask-rcnn_pola-pvt-t_fpn_1x_coco.py',
-     {'model.backbone.attn_types': 'LLSS', 'model.backbone.la_sr_ratios': [8, 4, 2, 1]}),
+    ('configs/pola_pvt/mask-rcnn_pola-pvt-t_fpn_1x_coco.py', {
+        'model.backbone.attn_types': 'LLSS',
+        'model.backbone.la_sr_ratios': [8, 4, 2, 1]
+    }),
     ('configs/pola_swin/upernet_pola-swin-t_8xb2-160k_ade20k-512x512.py', None),
 ])
 def test_get_flops_counts_the_attention(path, options, flop_table):

@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from polaformer_mm import PolaPVT, PolaSwin
-
 from ._devices import cuda_param
 
 BACKBONES = {'PolaPVT': PolaPVT, 'PolaSwin': PolaSwin}
@@ -32,8 +31,7 @@ ODD = (333, 517)
 CPU_SMALL = (37, 45)
 CPU_ODD = (61, 83)
 
-SWIN_HAS_LINEAR_WINDOW = 'linear_window_size' in inspect.signature(
-    PolaSwin.__init__).parameters
+SWIN_HAS_LINEAR_WINDOW = 'linear_window_size' in inspect.signature(PolaSwin.__init__).parameters
 
 
 def _expected_shapes(model, batch, hw):
@@ -56,11 +54,9 @@ def _fwd_bwd(model, x, dtype):
     with torch.autocast(x.device.type, dtype=dtype, enabled=dtype is not None):
         outs = model(x)
     g = torch.Generator().manual_seed(0)
-    loss = sum((o.float() * torch.randn(o.shape, generator=g).to(o.device)).mean()
-               for o in outs)
+    loss = sum((o.float() * torch.randn(o.shape, generator=g).to(o.device)).mean() for o in outs)
     loss.backward()
-    grads = {k: p.grad.detach().clone() for k, p in model.named_parameters()
-             if p.grad is not None}
+    grads = {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
     return [o.detach().float() for o in outs], grads
 
 
@@ -85,13 +81,15 @@ def _check_finite_and_complete(model, outs, grads, batch, hw):
 # CPU: one case per distinct width / head layout (the PVT sizes differ in depth only;
 # Swin-S has Swin-T's widths), shallow
 CPU_ARCHS = [('PolaPVT', 'tiny', 'tiny'), ('PolaSwin', 'tiny', 'tiny'),
-             ('PolaSwin', 'base-shallow', dict(embed_dims=128, depths=[2, 2, 2, 2],
-                                               num_heads=[4, 8, 16, 32]))]
+             ('PolaSwin', 'base-shallow',
+              dict(embed_dims=128, depths=[2, 2, 2, 2], num_heads=[4, 8, 16, 32]))]
 
 
 def _arch_cases():
-    cases = [pytest.param('cpu', name, arch, None, id=f'cpu-{name}-{tag}-float32')
-             for name, tag, arch in CPU_ARCHS]
+    cases = [
+        pytest.param('cpu', name, arch, None, id=f'cpu-{name}-{tag}-float32')
+        for name, tag, arch in CPU_ARCHS
+    ]
     for name, arch in ARCHS:
         for amp in AMP:
             cases.append(cuda_param('cuda', name, arch, amp, id=f'cuda-{name}-{arch}-{amp}'))
@@ -120,20 +118,34 @@ def test_arch_forward_backward_autocast(device, name, arch, amp):
 def _stage_cases():
     kinds = [('PolaPVT', 'LLSS', {}), ('PolaPVT', 'SSLL', {})]
     # both window forms of the 'L' stages: windows of 56x56 tokens and the whole map
-    swin_forms = ([dict(linear_window_size=56), dict(linear_window_size=None)]
-                  if SWIN_HAS_LINEAR_WINDOW else [{}])
+    swin_forms = ([dict(
+        linear_window_size=56), dict(linear_window_size=None)] if SWIN_HAS_LINEAR_WINDOW else [{}])
     for attn_types in ('LLSS', 'SSLL'):
         for extra in swin_forms:
             kinds.append(('PolaSwin', attn_types, extra))
     cases = []
     for name, attn_types, extra in kinds:
         tag = f'{name}-{attn_types}' + ''.join(f'-{k}={v}' for k, v in extra.items())
-        cases.append(pytest.param('cpu', name, attn_types, extra, CPU_ODD, None,
-                                  id=f'cpu-{tag}-{CPU_ODD[0]}x{CPU_ODD[1]}-float32'))
+        cases.append(
+            pytest.param(
+                'cpu',
+                name,
+                attn_types,
+                extra,
+                CPU_ODD,
+                None,
+                id=f'cpu-{tag}-{CPU_ODD[0]}x{CPU_ODD[1]}-float32'))
         for hw in (FULL, ODD):
             for amp in AMP:
-                cases.append(cuda_param('cuda', name, attn_types, extra, hw, amp,
-                                        id=f'cuda-{tag}-{hw[0]}x{hw[1]}-{amp}'))
+                cases.append(
+                    cuda_param(
+                        'cuda',
+                        name,
+                        attn_types,
+                        extra,
+                        hw,
+                        amp,
+                        id=f'cuda-{tag}-{hw[0]}x{hw[1]}-{amp}'))
     return cases
 
 

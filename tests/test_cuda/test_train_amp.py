@@ -24,7 +24,6 @@ for _module in ('mmdet.models', 'mmseg.models', 'pycocotools'):  # a bare GPU ma
     pytest.importorskip(_module, reason=f'the training tests need {_module}')
 
 from polaformer_mm.engine import entry  # noqa: E402
-
 from .._smoke import smoke_config, synthetic_root  # noqa: E402
 from ._devices import cuda_param  # noqa: E402
 
@@ -119,13 +118,14 @@ def test_train_amp_one_iteration_then_test(device, path, data_root, tmp_path):
     assert ckpt['meta']['iter'] == 1
     assert ('loss_scaler' in ckpt['optimizer']) == cuda, 'AmpOptimWrapper iff --amp'
     backbone = {k: v for k, v in ckpt['state_dict'].items() if k.startswith('backbone.')}
-    assert backbone and all(torch.isfinite(v).all() for v in backbone.values()
-                            if v.is_floating_point())
+    assert backbone and all(
+        torch.isfinite(v).all() for v in backbone.values() if v.is_floating_point())
 
     scope = cfg.default_scope
     out = str(tmp_path / ('preds.pkl' if scope == 'mmdet' else 'preds'))
-    metrics = _load_tool('test').main([cfg_file, ckpt_files[0], '--work-dir',
-                                       str(tmp_path / 'test'), '--out', out])
+    metrics = _load_tool('test').main(
+        [cfg_file, ckpt_files[0], '--work-dir',
+         str(tmp_path / 'test'), '--out', out])
     num_test = _innermost(cfg.test_dataloader.dataset).indices  # set by smoke_config
     if scope == 'mmdet':
         with open(out, 'rb') as f:

@@ -3,19 +3,18 @@ import json
 import os
 import os.path as osp
 
-import polaformer_mm  # noqa: F401  (first: lets torchvision import on CPU-only torch)
 import cv2
 import numpy as np
 import pytest
 from mmengine.registry import DefaultScope
 from pycocotools.coco import COCO
 
+import polaformer_mm  # noqa: F401  (first: lets torchvision import on CPU-only torch)
 from polaformer_mm.datasets import (SYNTHETIC_CLASSES, SYNTHETIC_PALETTE, SYNTHETIC_SEG_CLASSES,
                                     SYNTHETIC_SEG_PALETTE, generate_synthetic_dataset)
 
 # pycocotools' mask.decode under numpy 2, called by annToMask and mmdet's LoadAnnotations
-pytestmark = pytest.mark.filterwarnings(
-    'ignore:__array__ implementation:DeprecationWarning')
+pytestmark = pytest.mark.filterwarnings('ignore:__array__ implementation:DeprecationWarning')
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 SMALL = dict(num_train=8, num_val=3, img_size=(64, 80), seed=3, max_shapes=4)
@@ -58,8 +57,7 @@ def test_layout_and_summary(dataset):
         assert osp.isfile(osp.join(root, 'annotations', f'instances_{split}.json'))
     with open(osp.join(root, 'meta.json')) as f:
         meta = json.load(f)
-    assert meta == {k: v for k, v in summary.items()
-                    if k not in ('root', 'generated', 'seconds')}
+    assert meta == {k: v for k, v in summary.items() if k not in ('root', 'generated', 'seconds')}
     assert not osp.exists(osp.join(root, '.incomplete'))
 
 
@@ -109,8 +107,13 @@ def test_idempotent_and_mismatch(tmp_path):
 
 
 @pytest.mark.parametrize('kwargs', [
-    dict(img_size=(16, 64)), dict(img_size='big'), dict(num_train=0), dict(seed=-1),
-    dict(max_shapes=0), dict(num_val=2.5)])
+    dict(img_size=(16, 64)),
+    dict(img_size='big'),
+    dict(num_train=0),
+    dict(seed=-1),
+    dict(max_shapes=0),
+    dict(num_val=2.5)
+])
 def test_invalid_arguments(tmp_path, kwargs):
     with pytest.raises(ValueError):
         generate_synthetic_dataset(tmp_path, **dict(SMALL, **kwargs))
@@ -132,9 +135,9 @@ def test_annotations_consistent(dataset, split):
         assert (h, w) == (64, 80)
         image = cv2.imread(osp.join(root, 'images', split, info['file_name']))
         assert image.shape == (h, w, 3)
-        seg = cv2.imread(osp.join(root, 'seg_maps', split,
-                                  info['file_name'].replace('.jpg', '.png')),
-                         cv2.IMREAD_UNCHANGED)
+        seg = cv2.imread(
+            osp.join(root, 'seg_maps', split, info['file_name'].replace('.jpg', '.png')),
+            cv2.IMREAD_UNCHANGED)
         assert seg.dtype == np.uint8 and seg.shape == (h, w)
         painted = np.zeros((h, w), np.uint8)
         covered = np.zeros((h, w), bool)
@@ -163,10 +166,13 @@ def test_mmdet_coco_dataset(dataset):
     from mmdet.datasets.transforms import LoadAnnotations
     root, _ = dataset
     with DefaultScope.overwrite_default_scope('mmdet'):
-        ds = CocoDataset(data_root=root, ann_file='annotations/instances_train.json',
-                         data_prefix=dict(img='images/train/'),
-                         metainfo=dict(classes=SYNTHETIC_CLASSES, palette=SYNTHETIC_PALETTE),
-                         pipeline=[], lazy_init=False)
+        ds = CocoDataset(
+            data_root=root,
+            ann_file='annotations/instances_train.json',
+            data_prefix=dict(img='images/train/'),
+            metainfo=dict(classes=SYNTHETIC_CLASSES, palette=SYNTHETIC_PALETTE),
+            pipeline=[],
+            lazy_init=False)
     assert len(ds) == 8
     assert ds.metainfo['classes'] == SYNTHETIC_CLASSES
     coco = COCO(osp.join(root, 'annotations', 'instances_train.json'))
@@ -202,11 +208,15 @@ def test_mmseg_dataset(dataset, reduce_zero_label):
     else:
         metainfo = dict(classes=SYNTHETIC_SEG_CLASSES, palette=SYNTHETIC_SEG_PALETTE)
     with DefaultScope.overwrite_default_scope('mmseg'):
-        ds = BaseSegDataset(data_root=root,
-                            data_prefix=dict(img_path='images/val', seg_map_path='seg_maps/val'),
-                            img_suffix='.jpg', seg_map_suffix='.png', metainfo=metainfo,
-                            reduce_zero_label=reduce_zero_label, pipeline=[],
-                            lazy_init=False)
+        ds = BaseSegDataset(
+            data_root=root,
+            data_prefix=dict(img_path='images/val', seg_map_path='seg_maps/val'),
+            img_suffix='.jpg',
+            seg_map_suffix='.png',
+            metainfo=metainfo,
+            reduce_zero_label=reduce_zero_label,
+            pipeline=[],
+            lazy_init=False)
     assert len(ds) == 3
     assert ds.metainfo['classes'] == metainfo['classes']
     load = LoadAnnotations()
@@ -237,19 +247,19 @@ def _load_cli():
 def test_cli(tmp_path, capsys):
     cli = _load_cli()
     out = str(tmp_path / 'syn')
-    argv = ['--out', out, '--num-train', '2', '--num-val', '1', '--size', '48', '64',
-            '--seed', '1']
+    argv = ['--out', out, '--num-train', '2', '--num-val', '1', '--size', '48', '64', '--seed', '1']
     assert cli.main(argv) == 0
     text = capsys.readouterr().out
     assert text.startswith(f'generated {out}') and 'train: 2 images' in text
     with open(osp.join(out, 'meta.json')) as f:
-        assert json.load(f)['args'] == dict(num_train=2, num_val=1, img_size=[48, 64],
-                                            seed=1, max_shapes=4)
+        assert json.load(f)['args'] == dict(
+            num_train=2, num_val=1, img_size=[48, 64], seed=1, max_shapes=4)
     assert cli.main(argv) == 0
     assert 'already complete' in capsys.readouterr().out
     assert cli.main(argv[:-1] + ['2']) == 2
     assert 'seed=1 (requested 2)' in capsys.readouterr().err
     assert cli.main(argv[:-1] + ['2', '--overwrite']) == 0
-    assert cli.main(['--out', str(tmp_path / 'sq'), '--num-train', '1', '--num-val', '1',
-                     '--size', '40']) == 0
+    assert cli.main(
+        ['--out',
+         str(tmp_path / 'sq'), '--num-train', '1', '--num-val', '1', '--size', '40']) == 0
     assert '40x40' in capsys.readouterr().out

@@ -13,7 +13,6 @@ import torch
 from mmengine.hooks import Hook
 
 from polaformer_mm.engine import entry
-
 from .._smoke import smoke_config, synthetic_root
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
@@ -38,12 +37,13 @@ def test_one_iteration_and_validation(path, data_root, tmp_path):
     runner = entry.build_runner(cfg)
     seen = _MetricsCatcher()
     runner.register_hook(seen)
-    before = {k: v.detach().clone() for k, v in runner.model.named_parameters()
-              if v.requires_grad}
+    before = {k: v.detach().clone() for k, v in runner.model.named_parameters() if v.requires_grad}
     runner.train()
     assert runner.iter == 1
-    changed = [k for k, v in runner.model.named_parameters()
-               if v.requires_grad and not torch.equal(v, before[k])]
+    changed = [
+        k for k, v in runner.model.named_parameters()
+        if v.requires_grad and not torch.equal(v, before[k])
+    ]
     assert any(k.startswith('backbone.') for k in changed), 'backbone did not learn'
     scalars = runner.message_hub.log_scalars
     loss = scalars['train/loss'].current()

@@ -8,7 +8,6 @@ import os.path as osp
 import pytest
 
 from polaformer_mm.engine import entry
-
 from .._smoke import classification_root, smoke_classification_config
 from .test_dense_configs_train import _MetricsCatcher
 

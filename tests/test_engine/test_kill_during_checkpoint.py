@@ -62,14 +62,22 @@ default_hooks = dict(logger=dict(interval=1), checkpoint=dict(interval=1, max_ke
 
 
 def _train(cfg, work_dir, tmp_path, extra=(), slow=None, wait_for=None):
-    env = dict(os.environ, OMP_NUM_THREADS='1',
-               PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]))
+    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]))
     if slow:
         env.update(POLA_SLOW_CKPT=slow, POLA_SLOW_MARKER=str(tmp_path / 'marker'))
-    cmd = [sys.executable, osp.join(REPO, 'tools/train.py'), str(cfg), '--work-dir',
-           str(work_dir), *extra]
-    proc = subprocess.Popen(cmd, cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    cmd = [
+        sys.executable,
+        osp.join(REPO, 'tools/train.py'),
+        str(cfg), '--work-dir',
+        str(work_dir), *extra
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=str(tmp_path),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True)
     if wait_for is None:
         out, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0, out[-4000:]
@@ -120,12 +128,16 @@ def test_best_checkpoint_is_replaced_only_after_the_new_one_is_written(tmp_path,
     from mmengine.fileio.backends.local_backend import LocalBackend
 
     from polaformer_mm.engine import PolaCheckpointHook, entry
-
     from .._smoke import smoke_config
     seg = osp.join(REPO, 'configs/quickstart/fpn_pola-pvt-t_synthetic-seg.py')
     cfg = smoke_config(entry.load_config(seg), synthetic_root(tmp_path), tmp_path / 'wd')
-    cfg.default_hooks.checkpoint = dict(type='CheckpointHook', interval=1, by_epoch=False,
-                                        max_keep_ckpts=1, save_best='mIoU', rule='greater')
+    cfg.default_hooks.checkpoint = dict(
+        type='CheckpointHook',
+        interval=1,
+        by_epoch=False,
+        max_keep_ckpts=1,
+        save_best='mIoU',
+        rule='greater')
     runner = entry.build_runner(cfg)
     hook = next(h for h in runner.hooks if isinstance(h, PolaCheckpointHook))
     hook.before_train(runner)

@@ -17,8 +17,12 @@ def _message_hub_state():
     buf = HistoryBuffer([0.5, 0.25, 0.125], [1, 1, 2], max_length=10)
     return OrderedDict(
         log_scalars=OrderedDict({'train/loss': buf}),
-        runtime_info=OrderedDict(eta=np.float64(1.5), iter=np.int64(3), seed=7,
-                                 arr=np.arange(3), dataset_meta=dict(classes=('a', 'b'))),
+        runtime_info=OrderedDict(
+            eta=np.float64(1.5),
+            iter=np.int64(3),
+            seed=7,
+            arr=np.arange(3),
+            dataset_meta=dict(classes=('a', 'b'))),
         resumed_keys=OrderedDict(eta=False))
 
 
@@ -60,8 +64,9 @@ def test_plain_mmengine_checkpoint_loads_with_allowlist():
 
 
 class _Exploit:
+
     def __reduce__(self):
-        return (os.system, ('echo should-not-run',))
+        return (os.system, ('echo should-not-run', ))
 
 
 def test_allowlist_still_refuses_code():

@@ -17,7 +17,6 @@ from mmengine.registry import init_default_scope
 
 from polaformer_mm.engine import CheckpointMismatchError, entry
 from polaformer_mm.utils.checkpoint_io import CheckpointError
-
 from .._smoke import smoke_config, synthetic_root
 from ..test_models._golden import load_golden
 from ..test_models._official_files import save_official
@@ -50,8 +49,10 @@ def files(det_runner, data_root, golden_dir, tmp_path_factory):
     import torchvision
     from mmseg.registry import MODELS
     out = tmp_path_factory.mktemp('ckpts')
-    paths = {k: str(out / f'{k}.pth') for k in (
-        'resnet18', 'segmentor', 'backbone', 'bare_backbone', 'official', 'classes5')}
+    paths = {
+        k: str(out / f'{k}.pth')
+        for k in ('resnet18', 'segmentor', 'backbone', 'bare_backbone', 'official', 'classes5')
+    }
     torch.save(torchvision.models.resnet18().state_dict(), paths['resnet18'])
     init_default_scope('mmseg')
     segmentor = MODELS.build(entry.load_config(SEG).model)
@@ -61,8 +62,8 @@ def files(det_runner, data_root, golden_dir, tmp_path_factory):
     backbone = {k: v for k, v in own.items() if k.startswith('backbone.')}
     torch.save({'state_dict': backbone}, paths['backbone'])
     torch.save({k[len('backbone.'):]: v for k, v in backbone.items()}, paths['bare_backbone'])
-    save_official(paths['official'], load_golden(golden_dir, 'pola_pvt_micro_LLLL.pt')[
-        'state_dict'])
+    save_official(paths['official'],
+                  load_golden(golden_dir, 'pola_pvt_micro_LLLL.pt')['state_dict'])
     classes5 = dict(own)  # the same detector trained for 5 classes instead of 3
     for key in [k for k in own if 'fc_cls' in k or 'fc_reg' in k or 'conv_logits' in k]:
         per_class = {'fc_cls': 1, 'fc_reg': 4, 'conv_logits': 1}[key.split('.')[-2]]
@@ -103,8 +104,8 @@ def test_test_tool_is_strict_and_allow_partial_opts_out(files, data_root, tmp_pa
         entry.build_runner(cfg).test()
 
     cfg = _cfg(DET, data_root, tmp_path / 'partial')
-    entry.prepare_test_config(cfg, DET, files['backbone'], work_dir=str(tmp_path / 'partial'),
-                              allow_partial=True)
+    entry.prepare_test_config(
+        cfg, DET, files['backbone'], work_dir=str(tmp_path / 'partial'), allow_partial=True)
     assert cfg.allow_partial_load is True
     runner = entry.build_runner(cfg)
     metrics = runner.test()
@@ -134,8 +135,8 @@ def test_checkpoints_the_runner_writes_load_strictly(data_root, tmp_path):
     """A checkpoint written by the runner loads strictly into a new runner of the same
     config (mmseg here; mmdet through test_tools_cli and the resume tests)."""
     writer = entry.build_runner(_cfg(SEG, data_root, tmp_path / 'a'))
-    writer.save_checkpoint(str(tmp_path / 'a'), 'iter_1.pth', save_optimizer=False,
-                           save_param_scheduler=False)
+    writer.save_checkpoint(
+        str(tmp_path / 'a'), 'iter_1.pth', save_optimizer=False, save_param_scheduler=False)
     reader = entry.build_runner(_cfg(SEG, data_root, tmp_path / 'b'))
     reader.load_checkpoint(str(tmp_path / 'a' / 'iter_1.pth'))
     a, b = writer.model.state_dict(), reader.model.state_dict()
@@ -144,8 +145,12 @@ def test_checkpoints_the_runner_writes_load_strictly(data_root, tmp_path):
 
 def test_resume_from_a_weights_only_file_says_use_load_from(det_runner, data_root, tmp_path):
     weights = tmp_path / 'converted.pth'
-    torch.save({'state_dict': det_runner.model.state_dict(), 'meta': {'note': 'published'}},
-               weights)
+    torch.save({
+        'state_dict': det_runner.model.state_dict(),
+        'meta': {
+            'note': 'published'
+        }
+    }, weights)
     cfg = _cfg(DET, data_root, tmp_path)
     entry.prepare_train_config(cfg, DET, work_dir=str(tmp_path), resume=str(weights))
     with pytest.raises(CheckpointError) as info:
@@ -161,8 +166,7 @@ def test_resume_from_a_weights_only_file_says_use_load_from(det_runner, data_roo
     (bytes(range(7, 256)) * 20, 'is not a checkpoint'),
     ('half', 'is not a complete checkpoint'),
 ])
-def test_bad_checkpoint_file_is_named_without_unsafe_hint(det_runner, tmp_path, content,
-                                                          expected):
+def test_bad_checkpoint_file_is_named_without_unsafe_hint(det_runner, tmp_path, content, expected):
     path = tmp_path / 'bad.pth'
     if content == 'half':
         torch.save({'state_dict': det_runner.model.state_dict()}, path)

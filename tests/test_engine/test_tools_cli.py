@@ -55,8 +55,8 @@ def data_root(tmp_path_factory):
 
 def _run(args, cwd):
     env = dict(os.environ, OMP_NUM_THREADS='2')
-    proc = subprocess.run([sys.executable] + args, cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable] + args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     return out
@@ -72,8 +72,11 @@ def test_outside_config_trains_and_tests(data_root, tmp_path):
     ckpt = tmp_path / 'wd' / 'epoch_1.pth'
     assert ckpt.is_file()
 
-    out = _run([osp.join(REPO, 'tools/test.py'), str(cfg), str(ckpt), '--work-dir', 'wt',
-                '--out', 'results.pkl', '--show-dir', 'shown'], tmp_path)
+    out = _run([
+        osp.join(REPO, 'tools/test.py'),
+        str(cfg),
+        str(ckpt), '--work-dir', 'wt', '--out', 'results.pkl', '--show-dir', 'shown'
+    ], tmp_path)
     assert 'Epoch(test) [2/2]' in out
     with open(tmp_path / 'results.pkl', 'rb') as f:
         results = pickle.load(f)
@@ -85,7 +88,12 @@ def test_outside_config_trains_and_tests(data_root, tmp_path):
 def test_train_rejects_unknown_scope(tmp_path):
     cfg = tmp_path / 'bad.py'
     cfg.write_text("model = dict(type='PolaPVT')\n")
-    proc = subprocess.run([sys.executable, osp.join(REPO, 'tools/train.py'), str(cfg)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, osp.join(REPO, 'tools/train.py'),
+         str(cfg)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300)
     assert proc.returncode != 0
     assert 'default_scope' in proc.stderr

@@ -11,7 +11,6 @@ import pickle
 import pytest
 
 from polaformer_mm.engine import entry
-
 from .._smoke import smoke_cfg_options, smoke_config, synthetic_root
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
@@ -45,8 +44,12 @@ def test_detection_tta_through_test_tool(tmp_path):
     results = {}
     for sub, extra in (('test', []), ('test_tta', ['--tta'])):
         out = tmp_path / f'{sub}.pkl'
-        metrics = test.main([RETINANET, str(ckpt), '--work-dir', str(run_dir / sub), '--out',
-                             str(out), *extra, '--cfg-options', *options])
+        metrics = test.main([
+            RETINANET,
+            str(ckpt), '--work-dir',
+            str(run_dir / sub), '--out',
+            str(out), *extra, '--cfg-options', *options
+        ])
         record = _json(run_dir / sub)
         assert record['metrics'] == pytest.approx(metrics)
         assert 'coco/bbox_mAP' in metrics and 'coco/bbox_mAP_75' in metrics
@@ -66,11 +69,10 @@ def test_detection_tta_through_test_tool(tmp_path):
     gain_table = _tool('tools/analysis_tools/gain_table.py', 'gain_table_for_det')
     rows = gain_table.main([str(run_dir), '--no-flops', '--out', str(tmp_path / 'table')])
     single = _json(run_dir / 'test')['metrics']
-    assert [(r['backbone'], r['row'], r['schedule']) for r in rows] == [
-        ('Pola-PVT-T', 'pola', '1 ep')]
+    assert [(r['backbone'], r['row'], r['schedule'])
+            for r in rows] == [('Pola-PVT-T', 'pola', '1 ep')]
     assert list(rows[0]['columns']) == ['AP_b', 'AP_b_50', 'AP_b_75']
-    for col, key in (('AP_b', 'bbox_mAP'), ('AP_b_50', 'bbox_mAP_50'),
-                     ('AP_b_75', 'bbox_mAP_75')):
+    for col, key in (('AP_b', 'bbox_mAP'), ('AP_b_50', 'bbox_mAP_50'), ('AP_b_75', 'bbox_mAP_75')):
         assert rows[0][col] == pytest.approx(100 * single[f'coco/{key}'])
     assert rows[0]['flops_G'] is None and 12 < rows[0]['params_M'] < 13
     assert not osp.exists(tmp_path / 'table.png')  # no pair, no chart

@@ -38,15 +38,30 @@ def save_official(path, state_dict, with_config=True):
         sys.modules['yacs'] = types.ModuleType('yacs')
         sys.modules['yacs.config'] = module
         cfg = module.CfgNode
-        config = cfg({'MODEL': cfg({'TYPE': 'pola_pvt', 'NAME': 'golden',
-                                    'DROP_PATH_RATE': 0.1}),
-                      'TRAIN': cfg({'EPOCHS': 300, 'BASE_LR': 5e-4}),
-                      'TAG': 'default'})
+        config = cfg({
+            'MODEL': cfg({
+                'TYPE': 'pola_pvt',
+                'NAME': 'golden',
+                'DROP_PATH_RATE': 0.1
+            }),
+            'TRAIN': cfg({
+                'EPOCHS': 300,
+                'BASE_LR': 5e-4
+            }),
+            'TAG': 'default'
+        })
     try:
         torch.save(
-            dict(model=state_dict, optimizer={'state': {}, 'param_groups': []},
-                 lr_scheduler={'last_epoch': 300}, max_accuracy=81.9, epoch=299,
-                 config=config), path)
+            dict(
+                model=state_dict,
+                optimizer={
+                    'state': {},
+                    'param_groups': []
+                },
+                lr_scheduler={'last_epoch': 300},
+                max_accuracy=81.9,
+                epoch=299,
+                config=config), path)
     finally:
         for k, v in saved.items():
             if v is None:

@@ -15,8 +15,8 @@ SIZES = [(32, 32), (97, 131), (511, 511), (224, 320), (800, 1333)]
 
 def _expected_shapes(model, hw):
     dims = model.num_features
-    return [(1, dims[i], math.ceil(hw[0] / 2**(i + 2)),
-             math.ceil(hw[1] / 2**(i + 2))) for i in range(4)]
+    return [(1, dims[i], math.ceil(hw[0] / 2**(i + 2)), math.ceil(hw[1] / 2**(i + 2)))
+            for i in range(4)]
 
 
 @pytest.fixture(scope='module')
@@ -52,9 +52,7 @@ def test_softmax_stages_and_spatial_reduction_at_odd_sizes():
         for model in (pvt, swin):
             with torch.no_grad():
                 outs = model(x)
-            assert [o.shape[2:] for o in outs] == [
-                s[2:] for s in _expected_shapes(model, hw)
-            ]
+            assert [o.shape[2:] for o in outs] == [s[2:] for s in _expected_shapes(model, hw)]
             assert all(torch.isfinite(o).all() for o in outs)
 
 
@@ -63,8 +61,8 @@ def test_window_padding_is_masked(hw):
     """A map smaller than the window is padded to one window; padded tokens take no
     part: the result equals attention among the real tokens only."""
     torch.manual_seed(0)
-    swin = PolaSwin(arch=dict(embed_dims=16, depths=[1, 1, 2, 1],
-                              num_heads=[1, 2, 2, 4]), attn_types='SSSS')
+    swin = PolaSwin(
+        arch=dict(embed_dims=16, depths=[1, 1, 2, 1], num_heads=[1, 2, 2, 4]), attn_types='SSSS')
     swin.init_weights()
     block = swin.stages[2].blocks[1]  # an odd (shift) block: no shift on small maps
     attn = block.attn
@@ -89,18 +87,25 @@ def test_out_indices_and_norms():
     assert [o.shape[1] for o in outs] == [64, 320]
 
 
-@pytest.mark.parametrize('cls,kwargs', [
-    (PolaPVT, {}),
-    (PolaSwin, {}),
-    (PolaSwin, dict(linear_window_size=8)),  # padded and shifted 'L' windows
-    (PolaSwin, dict(linear_window_size=None)),
-], ids=['pvt', 'swin', 'swin-w8', 'swin-global'])
+@pytest.mark.parametrize(
+    'cls,kwargs',
+    [
+        (PolaPVT, {}),
+        (PolaSwin, {}),
+        (PolaSwin, dict(linear_window_size=8)),  # padded and shifted 'L' windows
+        (PolaSwin, dict(linear_window_size=None)),
+    ],
+    ids=['pvt', 'swin', 'swin-w8', 'swin-global'])
 def test_with_cp_same_outputs_and_gradients(cls, kwargs):
     torch.manual_seed(0)
-    arch = (dict(embed_dims=[16, 32, 48, 64], depths=[1, 2, 1, 1],
-                 num_heads=[1, 2, 3, 4], mlp_ratios=[2, 2, 2, 2],
-                 sr_ratios=[8, 4, 2, 1]) if cls is PolaPVT else
-            dict(embed_dims=16, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8]))
+    arch = (
+        dict(
+            embed_dims=[16, 32, 48, 64],
+            depths=[1, 2, 1, 1],
+            num_heads=[1, 2, 3, 4],
+            mlp_ratios=[2, 2, 2, 2],
+            sr_ratios=[8, 4, 2, 1]) if cls is PolaPVT else dict(
+                embed_dims=16, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8]))
     ref = cls(arch=arch, drop_path_rate=0., **kwargs)
     ref.init_weights()
     ckpt = cls(arch=arch, drop_path_rate=0., with_cp=True, **kwargs)
@@ -110,11 +115,9 @@ def test_with_cp_same_outputs_and_gradients(cls, kwargs):
     for model in (ref, ckpt):
         model.train()
         outs = model(x)
-        loss = sum((o * torch.linspace(-1, 1, o.numel()).view_as(o)).sum()
-                   for o in outs)
+        loss = sum((o * torch.linspace(-1, 1, o.numel()).view_as(o)).sum() for o in outs)
         loss.backward()
-        results.append((outs, {n: p.grad.clone()
-                               for n, p in model.named_parameters()}))
+        results.append((outs, {n: p.grad.clone() for n, p in model.named_parameters()}))
     for a, b in zip(results[0][0], results[1][0]):
         torch.testing.assert_close(a, b)
     assert results[0][1].keys() == results[1][1].keys()
@@ -128,8 +131,7 @@ def test_frozen_stages(cls, stage_attr, frozen_stages):
     model = cls(arch='tiny', frozen_stages=frozen_stages)
     frozen_at_build = {n for n, p in model.named_parameters() if not p.requires_grad}
     model.train()
-    assert frozen_at_build == {
-        n for n, p in model.named_parameters() if not p.requires_grad}
+    assert frozen_at_build == {n for n, p in model.named_parameters() if not p.requires_grad}
     stages = getattr(model, stage_attr)
     frozen = [stages[0].patch_embed if cls is PolaPVT else model.patch_embed]
     frozen += [stages[i] for i in range(frozen_stages)]
@@ -154,8 +156,8 @@ def _official_shapes(golden_dir):
 
 
 @pytest.mark.parametrize('name', [
-    'pola_pvt_tiny', 'pola_pvt_small', 'pola_pvt_medium', 'pola_pvt_large',
-    'pola_swin_tiny', 'pola_swin_small', 'pola_swin_base'
+    'pola_pvt_tiny', 'pola_pvt_small', 'pola_pvt_medium', 'pola_pvt_large', 'pola_swin_tiny',
+    'pola_swin_small', 'pola_swin_base'
 ])
 def test_every_released_arch_matches_official_layout(golden_dir, name):
     shapes = _official_shapes(golden_dir)[name]
@@ -166,15 +168,13 @@ def test_every_released_arch_matches_official_layout(golden_dir, name):
     buffers = re.compile(r'(attn_mask|relative_position_index)$')
     unused = re.compile(r'^head\.' + (r'|^norm\.' if kind == 'pvt' else ''))
     official_count = sum(
-        math.prod(s) for k, s in shapes.items()
-        if not buffers.search(k) and not unused.search(k))
+        math.prod(s) for k, s in shapes.items() if not buffers.search(k) and not unused.search(k))
     assert sum(p.numel() for p in model.parameters()) == official_count
 
     fake = {k: torch.empty(s, device='meta') for k, s in shapes.items()}
     converted = {
         k[len('backbone.'):]: tuple(v.shape)
-        for k, v in convert_official_state_dict(fake).items()
-        if k.startswith('backbone.')
+        for k, v in convert_official_state_dict(fake).items() if k.startswith('backbone.')
     }
     assert converted == ours
 
@@ -183,8 +183,8 @@ def test_bad_arguments_are_named():
     with pytest.raises(KeyError, match='huge'):
         PolaPVT(arch='huge')
     with pytest.raises(KeyError, match='sr_ratios'):
-        PolaPVT(arch=dict(embed_dims=[8] * 4, depths=[1] * 4, num_heads=[1] * 4,
-                          mlp_ratios=[1] * 4))
+        PolaPVT(
+            arch=dict(embed_dims=[8] * 4, depths=[1] * 4, num_heads=[1] * 4, mlp_ratios=[1] * 4))
     with pytest.raises(ValueError, match='attn_types'):
         PolaSwin(attn_types='LLX')
     with pytest.raises(ValueError, match='out_indices'):
@@ -197,9 +197,14 @@ def test_bad_arguments_are_named():
 
 def _swin_l_block(window, shifted, embed_dims=16, num_heads=2):
     from polaformer_mm.models.backbones.pola_swin import SwinBlock
-    block = SwinBlock(embed_dims, num_heads, attn_type='L', shifted=shifted,
-                      linear_window_size=window, pos_grid=(window, window),
-                      mlp_ratio=2.)
+    block = SwinBlock(
+        embed_dims,
+        num_heads,
+        attn_type='L',
+        shifted=shifted,
+        linear_window_size=window,
+        pos_grid=(window, window),
+        mlp_ratio=2.)
     for p in block.parameters():  # the Pola parameters start at zero: randomise all
         torch.nn.init.normal_(p, std=0.3)
     return block.double().eval()
@@ -235,8 +240,9 @@ def test_linear_window_padding_equals_the_unpadded_map(hw):
         from polaformer_mm.models.attention import PolaLinearAttention
         exact = PolaLinearAttention(16, 2, pos_grid=hw, family='swin').double()
         state = block.attn.state_dict()
-        state['positional_encoding'] = state['positional_encoding'].reshape(
-            1, 8, 8, 16)[:, :H, :W].reshape(1, H * W, 16)
+        state['positional_encoding'] = state['positional_encoding'].reshape(1, 8, 8,
+                                                                            16)[:, :H, :W].reshape(
+                                                                                1, H * W, 16)
         exact.load_state_dict(state)
         ref = exact(x, hw)
     torch.testing.assert_close(padded, ref, rtol=0, atol=1e-12)
@@ -252,14 +258,16 @@ def test_linear_window_shift_follows_the_official_rule():
     assert _window_shift((40, 334), 56, True) == 0
     assert _window_shift((200, 334), 56, False) == 0
     torch.manual_seed(0)
-    model = PolaSwin(arch=dict(embed_dims=16, depths=[2, 2, 2, 2],
-                               num_heads=[1, 2, 4, 8]), linear_window_size=56)
+    model = PolaSwin(
+        arch=dict(embed_dims=16, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8]),
+        linear_window_size=56)
     assert [b.window_size for b in model.stages[0].blocks] == [56, 56]
     assert [b.window_size for b in model.stages[1].blocks] == [28, 28]
     assert [b.window_size for b in model.stages[2].blocks] == [7, 7]
     assert tuple(model.stages[1].blocks[1].attn.pos_grid) == (28, 28)
-    glob = PolaSwin(arch=dict(embed_dims=16, depths=[2, 2, 2, 2],
-                              num_heads=[1, 2, 4, 8]), linear_window_size=None)
+    glob = PolaSwin(
+        arch=dict(embed_dims=16, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8]),
+        linear_window_size=None)
     assert all(b.window_size is None for b in glob.stages[0].blocks)
 
 
@@ -276,13 +284,16 @@ def test_swin_base_384_official_layout(golden_dir, form):
             shapes[key] = [23 * 23, shapes[key][1]]
         elif key.endswith('relative_position_index'):
             shapes[key] = [144, 144]
-    model = PolaSwin(arch='base', pretrain_img_size=384, window_size=12,
-                     linear_window_size=form, out_indices=(3, ))
+    model = PolaSwin(
+        arch='base',
+        pretrain_img_size=384,
+        window_size=12,
+        linear_window_size=form,
+        out_indices=(3, ))
     fake = {k: torch.zeros(s) for k, s in shapes.items()}
     converted = {
         k[len('backbone.'):]: v
-        for k, v in convert_official_state_dict(fake).items()
-        if k.startswith('backbone.')
+        for k, v in convert_official_state_dict(fake).items() if k.startswith('backbone.')
     }
     model.load_state_dict(converted, strict=True)
     assert [b.window_size for b in model.stages[0].blocks] == [form, form]
@@ -292,10 +303,17 @@ def test_swin_base_384_official_layout(golden_dir, form):
     (dict(la_sr_ratios=(0, 1, 1, 1)), r'la_sr_ratios'),
     (dict(la_sr_ratios=4), r'la_sr_ratios must be a list'),
     (dict(patch_size=0), r'patch_size must be a positive int'),
-    (dict(arch=dict(embed_dims=[8] * 4, depths=[1] * 4, num_heads=[1] * 4,
-                    mlp_ratios=[1] * 4, sr_ratios=8)), r'arch sr_ratios must be a list'),
-    (dict(arch=dict(embed_dims=[8] * 4, depths=[1, 0, 1, 1], num_heads=[1] * 4,
-                    mlp_ratios=[1] * 4, sr_ratios=[1] * 4)), r'arch depths'),
+    (dict(
+        arch=dict(
+            embed_dims=[8] * 4, depths=[1] * 4, num_heads=[1] * 4, mlp_ratios=[1]
+            * 4, sr_ratios=8)), r'arch sr_ratios must be a list'),
+    (dict(
+        arch=dict(
+            embed_dims=[8] * 4,
+            depths=[1, 0, 1, 1],
+            num_heads=[1] * 4,
+            mlp_ratios=[1] * 4,
+            sr_ratios=[1] * 4)), r'arch depths'),
     (dict(pretrain_img_size=8), r'pretrain_img_size=\(8, 8\) is too small'),
     (dict(la_sr_ratios=(8, 8, 8, 8)), r'la_sr_ratios\[3\]=8 exceeds stage 3'),
     (dict(alpha=float('nan')), r'alpha must be a finite number > 0'),
@@ -314,10 +332,8 @@ def test_pvt_arguments_are_checked_at_construction(kwargs, match):
     (dict(linear_window_size=0), r'linear_window_size must be a positive int'),
     (dict(patch_size=0), r'patch_size must be a positive int'),
     (dict(pretrain_img_size=16), r'too small for patch_size=4 and 4 stages'),
-    (dict(arch=dict(embed_dims=16, depths=[1] * 4, num_heads=3)),
-     r'arch num_heads must be a list'),
-    (dict(arch=dict(embed_dims=16, depths=[1] * 4, num_heads=[1, 2, 3, 4])),
-     r'not divisible'),
+    (dict(arch=dict(embed_dims=16, depths=[1] * 4, num_heads=3)), r'arch num_heads must be a list'),
+    (dict(arch=dict(embed_dims=16, depths=[1] * 4, num_heads=[1, 2, 3, 4])), r'not divisible'),
     (dict(alpha=0), r'alpha must be a finite number > 0'),
     (dict(mlp_ratio=0), r'mlp_ratio must be > 0'),
 ])
@@ -336,14 +352,12 @@ def test_empty_or_wrong_inputs_are_named(cls):
 
 
 def test_norm_and_act_cfg_are_used():
-    pvt = PolaPVT(arch='tiny', act_cfg=dict(type='ReLU'),
-                  norm_cfg=dict(type='LN', eps=1e-3))
+    pvt = PolaPVT(arch='tiny', act_cfg=dict(type='ReLU'), norm_cfg=dict(type='LN', eps=1e-3))
     block = pvt.layers[0].blocks[0]
     assert isinstance(block.mlp.act, torch.nn.ReLU)
     assert block.norm1.eps == block.norm2.eps == 1e-3
     assert PolaPVT().layers[0].blocks[0].norm1.eps == 1e-6  # official default
-    swin = PolaSwin(arch='tiny', act_cfg=dict(type='SiLU'),
-                    norm_cfg=dict(type='LN', eps=1e-4))
+    swin = PolaSwin(arch='tiny', act_cfg=dict(type='SiLU'), norm_cfg=dict(type='LN', eps=1e-4))
     assert isinstance(swin.stages[2].blocks[0].mlp.act, torch.nn.SiLU)
     norms = [m for m in swin.modules() if isinstance(m, torch.nn.LayerNorm)]
     assert norms and all(m.eps == 1e-4 for m in norms)
@@ -351,9 +365,14 @@ def test_norm_and_act_cfg_are_used():
 
 def _pvt_stage_with_resized_encodings():
     torch.manual_seed(0)
-    model = PolaPVT(arch=dict(embed_dims=[16, 32, 48, 64], depths=[3, 1, 1, 1],
-                              num_heads=[1, 2, 3, 4], mlp_ratios=[2] * 4,
-                              sr_ratios=[8, 4, 2, 1]), la_sr_ratios=(2, 1, 1, 1))
+    model = PolaPVT(
+        arch=dict(
+            embed_dims=[16, 32, 48, 64],
+            depths=[3, 1, 1, 1],
+            num_heads=[1, 2, 3, 4],
+            mlp_ratios=[2] * 4,
+            sr_ratios=[8, 4, 2, 1]),
+        la_sr_ratios=(2, 1, 1, 1))
     for attn in (b.attn for b in model.layers[0].blocks):
         torch.nn.init.normal_(attn.positional_encoding)
     return model
@@ -369,8 +388,7 @@ def test_stage_resizes_every_block_encoding_in_one_call():
     hw = (13, 19)  # key grid (7, 10) after the ratio-2 reduction
     encodings = StagePositionalEncodings()(attns, hw)
     for attn, enc in zip(attns, encodings):
-        own = resize_token_grid(attn.positional_encoding, attn.pos_grid, (7, 10),
-                                mode='bicubic')
+        own = resize_token_grid(attn.positional_encoding, attn.pos_grid, (7, 10), mode='bicubic')
         torch.testing.assert_close(enc, own, rtol=0, atol=0)
     sum((e * torch.randn_like(e)).sum() for e in encodings).backward()
     assert all(a.positional_encoding.grad.abs().sum() > 0 for a in attns)
@@ -384,8 +402,7 @@ def test_stage_resizes_every_block_encoding_in_one_call():
         tokens = tokens + resize(stage.pos_embed, stage.pos_grid, grid, 'bilinear')
         for block in stage.blocks:
             tokens = block(tokens, grid)  # pos_encoding=None: resized in the module
-    torch.testing.assert_close(batched[0].flatten(2).transpose(1, 2), tokens,
-                               rtol=0, atol=1e-6)
+    torch.testing.assert_close(batched[0].flatten(2).transpose(1, 2), tokens, rtol=0, atol=1e-6)
 
 
 def test_stage_encodings_cached_without_gradients_until_a_parameter_changes():

@@ -4,7 +4,6 @@ import torch
 
 from polaformer_mm.models.attention import relative_position_index
 from polaformer_mm.models.utils import nlc_to_nchw
-
 from ._golden import GOLDEN_FILES, build_golden_classifier, load_golden
 
 
@@ -13,10 +12,7 @@ def test_stage_outputs_and_logits_match_official(golden_dir, name):
     data = load_golden(golden_dir, name)
     model = build_golden_classifier(data)
     with torch.no_grad():
-        stages = [
-            nlc_to_nchw(x, hw)
-            for x, hw in model.backbone.forward_stages(data['input'])
-        ]
+        stages = [nlc_to_nchw(x, hw) for x, hw in model.backbone.forward_stages(data['input'])]
         logits = model(data['input'], mode='tensor')
     assert len(stages) == len(data['stage_outputs'])
     for i, (ours, ref) in enumerate(zip(stages, data['stage_outputs'])):
@@ -57,8 +53,8 @@ def test_swin_224_golden_in_both_window_forms(golden_dir):
         model = build_golden_classifier(data, linear_window_size=form)
         with torch.no_grad():
             logits = model(data['input'], mode='tensor')
-        torch.testing.assert_close(logits, data['logits'], rtol=0, atol=1e-4,
-                                   msg=f'linear_window_size={form}')
+        torch.testing.assert_close(
+            logits, data['logits'], rtol=0, atol=1e-4, msg=f'linear_window_size={form}')
 
 
 def test_swin_448_golden_uses_windows(golden_dir):

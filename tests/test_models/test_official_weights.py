@@ -5,10 +5,8 @@ import pytest
 import torch
 
 from polaformer_mm import PolaPVT, PolaSwin
-from polaformer_mm.models.official_weights import (convert_official_checkpoint,
-                                             load_checkpoint_file)
+from polaformer_mm.models.official_weights import convert_official_checkpoint, load_checkpoint_file
 from polaformer_mm.models.utils import nlc_to_nchw
-
 from ._golden import backbone_cfg, load_golden
 from ._official_files import save_official
 
@@ -29,8 +27,7 @@ def test_yacs_is_not_installed():
     assert importlib.util.find_spec('yacs') is None
 
 
-@pytest.mark.parametrize('name', ['pola_pvt_micro_LLSS_sr8421.pt',
-                                  'pola_swin_micro_LLSS.pt'])
+@pytest.mark.parametrize('name', ['pola_pvt_micro_LLSS_sr8421.pt', 'pola_swin_micro_LLSS.pt'])
 def test_convert_yacs_carrying_file(golden_dir, tmp_path, name):
     data = load_golden(golden_dir, name)
     src = save_official(tmp_path / 'official.pth', data['state_dict'])
@@ -42,8 +39,7 @@ def test_convert_yacs_carrying_file(golden_dir, tmp_path, name):
     assert set(loaded) == {'state_dict', 'meta'}
     assert loaded['state_dict'].keys() == converted.keys()
     assert all(k.startswith(('backbone.', 'head.fc.')) for k in converted)
-    assert not any('relative_position_index' in k or 'attn_mask' in k
-                   for k in converted)
+    assert not any('relative_position_index' in k or 'attn_mask' in k for k in converted)
 
 
 def test_official_file_config_is_kept_as_plain_data(golden_dir, tmp_path):
@@ -67,8 +63,8 @@ def test_refuses_arbitrary_objects(tmp_path):
 
 
 @pytest.mark.parametrize('name', ['pola_pvt_micro_LLLL.pt', 'pola_swin_micro_LLSS.pt'])
-@pytest.mark.parametrize('target', ['converted', 'converted_no_prefix', 'official',
-                                    'bare_official'])
+@pytest.mark.parametrize('target',
+                         ['converted', 'converted_no_prefix', 'official', 'bare_official'])
 def test_pretrained_init_cfg(golden_dir, tmp_path, name, target):
     data = load_golden(golden_dir, name)
     official = save_official(tmp_path / 'official.pth', data['state_dict'])
@@ -84,8 +80,7 @@ def test_pretrained_init_cfg(golden_dir, tmp_path, name, target):
         checkpoint = tmp_path / 'bare.pth'
         torch.save(data['state_dict'], checkpoint)
     backbone = _backbone(
-        data, init_cfg=dict(type='Pretrained', checkpoint=str(checkpoint),
-                            prefix=prefix))
+        data, init_cfg=dict(type='Pretrained', checkpoint=str(checkpoint), prefix=prefix))
     backbone.init_weights()
     for ours, ref in zip(_raw_stages(backbone, data['input']), data['stage_outputs']):
         torch.testing.assert_close(ours, ref, rtol=0, atol=1e-4)
@@ -111,8 +106,8 @@ def test_wrong_prefix_is_named(golden_dir, tmp_path):
     dst = tmp_path / 'converted.pth'
     convert_official_checkpoint(
         str(save_official(tmp_path / 'o.pth', data['state_dict'])), str(dst))
-    backbone = _backbone(data, init_cfg=dict(type='Pretrained', checkpoint=str(dst),
-                                             prefix='model.'))
+    backbone = _backbone(
+        data, init_cfg=dict(type='Pretrained', checkpoint=str(dst), prefix='model.'))
     with pytest.raises(KeyError, match="prefix 'model.'"):
         backbone.init_weights()
 
@@ -123,26 +118,28 @@ def test_checkpoint_that_does_not_fit_is_named(golden_dir, tmp_path):
     cfg = backbone_cfg(data['kind'], data['arch'])
     cfg.pop('type')
     with pytest.raises(ValueError, match=r'shape mismatches.*dwc\.weight'):
-        PolaPVT(**{**cfg, 'kernel_size': 3},
-                init_cfg=dict(type='Pretrained', checkpoint=official)).init_weights()
+        PolaPVT(
+            **{
+                **cfg, 'kernel_size': 3
+            }, init_cfg=dict(type='Pretrained', checkpoint=official)).init_weights()
     with pytest.raises(KeyError, match=r'missing keys.*attn\.q\.weight'):
-        PolaPVT(**{**cfg, 'attn_types': 'LLLS'},
-                init_cfg=dict(type='Pretrained', checkpoint=official)).init_weights()
+        PolaPVT(
+            **{
+                **cfg, 'attn_types': 'LLLS'
+            }, init_cfg=dict(type='Pretrained', checkpoint=official)).init_weights()
 
 
 def test_swin_output_norms_are_optional(golden_dir, tmp_path):
     data = load_golden(golden_dir, 'pola_swin_micro_LLSS.pt')
     official = str(save_official(tmp_path / 'official.pth', data['state_dict']))
     for out_indices in [(0, 1, 2, 3), (1, 2)]:
-        backbone = _backbone(data, out_indices=out_indices,
-                             init_cfg=dict(type='Pretrained', checkpoint=official))
+        backbone = _backbone(
+            data, out_indices=out_indices, init_cfg=dict(type='Pretrained', checkpoint=official))
         backbone.init_weights()
-        for ours, ref in zip(_raw_stages(backbone, data['input']),
-                             data['stage_outputs']):
+        for ours, ref in zip(_raw_stages(backbone, data['input']), data['stage_outputs']):
             torch.testing.assert_close(ours, ref, rtol=0, atol=1e-4)
         if 3 in out_indices:  # the official final norm is norm3; norm0 keeps its init
-            torch.testing.assert_close(backbone.norm3.weight,
-                                       data['state_dict']['norm.weight'])
+            torch.testing.assert_close(backbone.norm3.weight, data['state_dict']['norm.weight'])
             torch.testing.assert_close(backbone.norm0.weight.detach(), torch.ones(16))
 
 
@@ -157,8 +154,7 @@ def test_checkpoint_from_an_http_url(golden_dir, tmp_path, monkeypatch):
     serve_dir.mkdir()
     save_official(serve_dir / 'pola_official.pth', data['state_dict'])
     monkeypatch.setenv('TORCH_HOME', str(tmp_path / 'torch_home'))
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler,
-                                directory=str(serve_dir))
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(serve_dir))
     server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -191,8 +187,8 @@ def test_mmengine_scheme_through_checkpoint_loader(golden_dir, tmp_path, monkeyp
     save_official(home / 'weights' / 'pola.pth', data['state_dict'])
     (home / 'open_mmlab.json').write_text(json.dumps({'pola_micro': 'weights/pola.pth'}))
     monkeypatch.setenv('MMENGINE_HOME', str(home))
-    backbone = _backbone(data, init_cfg=dict(type='Pretrained',
-                                             checkpoint='open-mmlab://pola_micro'))
+    backbone = _backbone(
+        data, init_cfg=dict(type='Pretrained', checkpoint='open-mmlab://pola_micro'))
     backbone.init_weights()
     for ours, ref in zip(_raw_stages(backbone, data['input']), data['stage_outputs']):
         torch.testing.assert_close(ours, ref, rtol=0, atol=1e-4)
@@ -215,8 +211,8 @@ def test_registered_scheme_cannot_switch_weights_only_off(tmp_path, monkeypatch)
     monkeypatch.setattr(CheckpointLoader, '_schemes', dict(CheckpointLoader._schemes))
 
     def load_from_polatest(filename, map_location=None):
-        return torch.load(tmp_path / filename[len('polatest://'):],
-                          map_location=map_location, weights_only=False)
+        return torch.load(
+            tmp_path / filename[len('polatest://'):], map_location=map_location, weights_only=False)
 
     CheckpointLoader.register_scheme('polatest://', load_from_polatest)
     obj = load_checkpoint_file('polatest://good.pth')

@@ -14,12 +14,11 @@ def _randomise(module, seed=0):
     return module
 
 
-@pytest.mark.parametrize('family,sr', [('pvt', 1), ('pvt', 2), ('pvt', 4),
-                                       ('swin', 1)])
+@pytest.mark.parametrize('family,sr', [('pvt', 1), ('pvt', 2), ('pvt', 4), ('swin', 1)])
 @pytest.mark.parametrize('hw', [(8, 8), (7, 13), (1, 5), (16, 12)])
 def test_any_grid(family, sr, hw):
-    attn = _randomise(PolaLinearAttention(
-        24, 3, pos_grid=(8 // sr, 8 // sr), sr_ratio=sr, family=family))
+    attn = _randomise(
+        PolaLinearAttention(24, 3, pos_grid=(8 // sr, 8 // sr), sr_ratio=sr, family=family))
     x = torch.randn(2, hw[0] * hw[1], 24)
     out = attn(x, hw)
     assert out.shape == x.shape and torch.isfinite(out).all()
@@ -40,8 +39,7 @@ def _reference_forward(attn, x, hw, pos):
     def split(t):
         return t.reshape(B, N, h, d).transpose(1, 2)
 
-    out = pola_linear_attention_reference(split(q), split(k), split(v), attn.power,
-                                          attn.alpha)
+    out = pola_linear_attention_reference(split(q), split(k), split(v), attn.power, attn.alpha)
     out = out.transpose(1, 2).reshape(B, N, C)
     local = split(v).reshape(B * h, hw[0], hw[1], d).permute(0, 3, 1, 2)
     local = attn.dwc(local).reshape(B, C, N).transpose(1, 2)
@@ -55,8 +53,10 @@ def test_positional_encoding_as_is_on_its_grid_resized_bicubic_elsewhere():
         x = torch.randn(2, 24, 16)
         torch.testing.assert_close(attn(x, (4, 6)), _reference_forward(attn, x, (4, 6), pe))
         x = torch.randn(2, 24, 16)
-        resized = F.interpolate(pe.reshape(1, 4, 6, 16).permute(0, 3, 1, 2), (8, 3),
-                                mode='bicubic', align_corners=False)
+        resized = F.interpolate(
+            pe.reshape(1, 4, 6, 16).permute(0, 3, 1, 2), (8, 3),
+            mode='bicubic',
+            align_corners=False)
         expected = _reference_forward(attn, x, (8, 3), resized.flatten(2).transpose(1, 2))
         torch.testing.assert_close(attn(x, (8, 3)), expected)
 

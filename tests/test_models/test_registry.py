@@ -24,8 +24,7 @@ def test_backbones_build_from_each_registry(scope, type_name):
 @pytest.mark.parametrize('scope', ['mmdet', 'mmseg', 'mmpretrain'])
 def test_attention_builds_from_each_registry(scope):
     attn = _registries()[scope].build(
-        dict(type='PolaLinearAttention', embed_dims=32, num_heads=2,
-             pos_grid=(4, 4)))
+        dict(type='PolaLinearAttention', embed_dims=32, num_heads=2, pos_grid=(4, 4)))
     out = attn(torch.randn(2, 6 * 5, 32), (6, 5))
     assert out.shape == (2, 30, 32)
 
@@ -57,5 +56,4 @@ def test_config_with_custom_imports(tmp_path):
     with DefaultScope.overwrite_default_scope('mmdet'):  # as the Runner does
         detector = MODELS.build(cfg.model)
     feats = detector.extract_feat(torch.randn(1, 3, 96, 128))
-    assert [f.shape[-2:] for f in feats] == [(12, 16), (6, 8), (3, 4), (2, 2),
-                                             (1, 1)]
+    assert [f.shape[-2:] for f in feats] == [(12, 16), (6, 8), (3, 4), (2, 2), (1, 1)]

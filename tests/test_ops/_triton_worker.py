@@ -82,8 +82,11 @@ def run_case(B, h, N, n, d, dtype, what):
     tri = _run(q, k, v, power, eps, grad, 'triton')
     ref = _run(q, k, v, power, eps, grad, 'torch')
     names = ['out', 'q', 'k', 'v', 'power']
-    result = {'dtype': str(tri[0].dtype), 'out_stride': list(tri[0].stride()),
-              'q_stride': list(q.stride())}
+    result = {
+        'dtype': str(tri[0].dtype),
+        'out_stride': list(tri[0].stride()),
+        'q_stride': list(q.stride())
+    }
     for name, a, b in zip(names, tri, ref):
         a, b = a.double(), b.double()
         result[name] = {
@@ -95,11 +98,10 @@ def run_case(B, h, N, n, d, dtype, what):
         for b_ in range(B):
             keep = k[b_, 0].abs().sum(-1) > 0
             real.append(
-                _run(q[b_:b_ + 1], k[b_:b_ + 1, :, keep], v[b_:b_ + 1, :, keep], power,
-                     1e-2, grad[b_:b_ + 1], 'torch')[0])
+                _run(q[b_:b_ + 1], k[b_:b_ + 1, :, keep], v[b_:b_ + 1, :, keep], power, 1e-2,
+                     grad[b_:b_ + 1], 'torch')[0])
         real = torch.cat(real).double()
-        result['real_keys_rel_err'] = float(
-            (tri[0].double() - real).abs().max() / real.abs().max())
+        result['real_keys_rel_err'] = float((tri[0].double() - real).abs().max() / real.abs().max())
     return result
 
 
@@ -122,12 +124,14 @@ def lower_for_sm90():
     from polaformer_mm.ops.pola_attention_triton import _TINY, _block_d
 
     pointer_args = {
-        '_key_summary_kernel': dict(K='x', V='x', P='f', KV='f', KMEAN='f', KMAX='f'),
-        '_query_forward_kernel': dict(Q='x', W='f', P='f', EPS='f', KMAX='f', OUT='x'),
-        '_query_backward_kernel': dict(Q='x', GO='x', W='f', P='f', EPS='f', KMAX='f',
-                                       GQ='x', GW='f', GP='f'),
-        '_key_backward_kernel': dict(K='x', V='x', P='f', KMAX='f', GKV='f', GMEAN='f',
-                                     GK='x', GV='x', GP='f'),
+        '_key_summary_kernel':
+        dict(K='x', V='x', P='f', KV='f', KMEAN='f', KMAX='f'),
+        '_query_forward_kernel':
+        dict(Q='x', W='f', P='f', EPS='f', KMAX='f', OUT='x'),
+        '_query_backward_kernel':
+        dict(Q='x', GO='x', W='f', P='f', EPS='f', KMAX='f', GQ='x', GW='f', GP='f'),
+        '_key_backward_kernel':
+        dict(K='x', V='x', P='f', KMAX='f', GKV='f', GMEAN='f', GK='x', GV='x', GP='f'),
     }
     target = GPUTarget('cuda', 90, 32)
     backend = make_backend(target)
@@ -136,11 +140,10 @@ def lower_for_sm90():
     cases = [(32, 'fp32', first), (7, 'fp16', first)]
     cases += [(64, 'bf16', config) for config in kernels.CONFIGS]
     for d, dtype, config in cases:
-        constants = dict(BLOCK_N=config.kwargs['BLOCK_N'], BLOCK_D=_block_d(d),
-                         PRECISION='ieee', TINY=_TINY)
+        constants = dict(
+            BLOCK_N=config.kwargs['BLOCK_N'], BLOCK_D=_block_d(d), PRECISION='ieee', TINY=_TINY)
         options = backend.parse_options(
-            dict(num_warps=config.num_warps, num_stages=config.num_stages,
-                 enable_fp_fusion=True))
+            dict(num_warps=config.num_warps, num_stages=config.num_stages, enable_fp_fusion=True))
         for name, pointers in pointer_args.items():
             fn = getattr(kernels, name).fn  # the kernel under the autotuner
             signature = {}
@@ -157,8 +160,7 @@ def lower_for_sm90():
             context = ir.context()
             ir.load_dialects(context)
             backend.load_dialects(context)
-            module = src.make_ir(target, options,
-                                 backend.get_codegen_implementation(options),
+            module = src.make_ir(target, options, backend.get_codegen_implementation(options),
                                  backend.get_module_map(), context)
             metadata = {}
             for stage in ('ttir', 'ttgir'):

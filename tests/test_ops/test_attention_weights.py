@@ -5,9 +5,8 @@ import pytest
 import torch
 
 from polaformer_mm.models.attention import PolaLinearAttention
-from polaformer_mm.ops import (attention_entropy, pola_attention_weights,
-                               pola_exponent, pola_linear_attention,
-                               pola_linear_attention_reference)
+from polaformer_mm.ops import (attention_entropy, pola_attention_weights, pola_exponent,
+                               pola_linear_attention, pola_linear_attention_reference)
 
 
 def _inputs(B=2, h=3, N=11, n=8, d=16, dtype=torch.float64, seed=0, scale=1.):
@@ -49,12 +48,14 @@ def explicit_scores(q, k, power, alpha=4.0):
     return qp @ t(kp) + qn @ t(kn), qn @ t(kp) + qp @ t(kn)
 
 
-@pytest.mark.parametrize('shape', [
-    dict(N=11, n=8, d=16),  # n <= d/2: one call of the reference
-    dict(N=9, n=7, d=15),  # odd head width: v splits 8 + 7
-    dict(N=13, n=29, d=8),  # n > d/2: several one-hot blocks
-    dict(N=5, n=1, d=4),
-])
+@pytest.mark.parametrize(
+    'shape',
+    [
+        dict(N=11, n=8, d=16),  # n <= d/2: one call of the reference
+        dict(N=9, n=7, d=15),  # odd head width: v splits 8 + 7
+        dict(N=13, n=29, d=8),  # n > d/2: several one-hot blocks
+        dict(N=5, n=1, d=4),
+    ])
 @pytest.mark.parametrize('alpha', [4.0, 1.5])
 def test_rows_equal_the_reference_explicit_weights(shape, alpha):
     q, k, power = _inputs(**shape)
@@ -78,15 +79,15 @@ def test_rows_sum_to_one_up_to_the_eps_term(eps):
     the eps term's share; with eps = 0 the sum is 1."""
     q, k, power = _inputs(N=10, n=13, d=8, scale=0.3)
     n = k.shape[2]
-    for weights, scores in zip(pola_attention_weights(q, k, power, eps=eps),
-                               explicit_scores(q, k, power)):
+    for weights, scores in zip(
+            pola_attention_weights(q, k, power, eps=eps), explicit_scores(q, k, power)):
         total = scores.sum(-1)
         assert (weights >= 0).all()
-        torch.testing.assert_close(1 - weights.sum(-1), n * eps / (total + n * eps),
-                                   rtol=1e-9, atol=1e-15)
+        torch.testing.assert_close(
+            1 - weights.sum(-1), n * eps / (total + n * eps), rtol=1e-9, atol=1e-15)
     for weights in pola_attention_weights(q, k, power, eps=0.):
-        torch.testing.assert_close(weights.sum(-1), torch.ones_like(weights[..., 0]),
-                                   rtol=0, atol=1e-12)
+        torch.testing.assert_close(
+            weights.sum(-1), torch.ones_like(weights[..., 0]), rtol=0, atol=1e-12)
 
 
 def test_large_magnitudes_do_not_overflow_float32():
@@ -97,8 +98,7 @@ def test_large_magnitudes_do_not_overflow_float32():
     naive = explicit_scores(q.float(), k.float(), power.float())[0]
     assert not torch.isfinite(naive).all()  # the test does reach the overflow
     expected = explicit_scores(q, k, power)  # float64 holds them
-    for w32, scores in zip(pola_attention_weights(q.float(), k.float(), power.float()),
-                           expected):
+    for w32, scores in zip(pola_attention_weights(q.float(), k.float(), power.float()), expected):
         assert torch.isfinite(w32).all()
         ref = scores / (scores.sum(-1, keepdim=True) + k.shape[2] * 1e-6)
         torch.testing.assert_close(w32.double(), ref, rtol=1e-4, atol=1e-6)

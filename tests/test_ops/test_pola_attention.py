@@ -25,13 +25,15 @@ def _grads(fn, inputs, weights, **kwargs):
     return out, torch.autograd.grad((out * weights).sum(), inputs)
 
 
-@pytest.mark.parametrize('shape', [
-    dict(N=37, n=23, d=8),
-    dict(N=16, n=16, d=16),
-    dict(N=50, n=1, d=4),
-    dict(N=9, n=12, d=7),  # odd head width: v splits as torch.chunk does (4 + 3)
-    dict(N=6, n=5, d=1),  # one channel: all of v goes to the same-signed stream
-])
+@pytest.mark.parametrize(
+    'shape',
+    [
+        dict(N=37, n=23, d=8),
+        dict(N=16, n=16, d=16),
+        dict(N=50, n=1, d=4),
+        dict(N=9, n=12, d=7),  # odd head width: v splits as torch.chunk does (4 + 3)
+        dict(N=6, n=5, d=1),  # one channel: all of v goes to the same-signed stream
+    ])
 @pytest.mark.parametrize('alpha', [4.0, 2.0])
 @pytest.mark.parametrize('fn', IMPLS)
 def test_matches_explicit_weights(fn, shape, alpha):
@@ -58,21 +60,19 @@ def test_gradcheck(d):
     q, k, v, power = (t.requires_grad_() for t in _inputs(B=2, h=2, N=6, n=5, d=d))
     assert torch.autograd.gradcheck(pola_linear_attention, (q, k, v, power))
     eps = torch.tensor([1e-3, 0.5], dtype=torch.float64).reshape(2, 1, 1, 1)
-    assert torch.autograd.gradcheck(
-        lambda *t: pola_linear_attention(*t, alpha=2.5, eps=eps), (q, k, v, power))
+    assert torch.autograd.gradcheck(lambda *t: pola_linear_attention(*t, alpha=2.5, eps=eps),
+                                    (q, k, v, power))
 
 
 def test_float32_gradients_close_to_float64_reference():
     inputs = _inputs(N=64, n=48, d=16)
     weights = torch.randn(inputs[0].shape, dtype=torch.float64)
-    out, grads = _grads(pola_linear_attention, [t.float() for t in inputs],
-                        weights.float())
+    out, grads = _grads(pola_linear_attention, [t.float() for t in inputs], weights.float())
     ref, expected = _grads(pola_linear_attention_reference, inputs, weights)
     torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5)
     for name, g, g_ref in zip('q k v power'.split(), grads, expected):
         scale = g_ref.abs().max().item()
-        torch.testing.assert_close(g.double(), g_ref, rtol=1e-4, atol=1e-5 * scale,
-                                   msg=name)
+        torch.testing.assert_close(g.double(), g_ref, rtol=1e-4, atol=1e-5 * scale, msg=name)
 
 
 def test_streams_are_what_the_method_says():
@@ -155,8 +155,7 @@ def test_bad_shapes_are_named():
 
 
 @pytest.mark.parametrize('alpha', [float('nan'), float('inf'), 0.0, -0.5, True, '4'])
-@pytest.mark.parametrize(
-    'fn', IMPLS + [pola_linear_attention_reference])
+@pytest.mark.parametrize('fn', IMPLS + [pola_linear_attention_reference])
 def test_alpha_must_be_finite_and_positive(fn, alpha):
     q, k, v, power = _inputs(N=4, n=3, d=4)
     with pytest.raises(ValueError, match='alpha must be a finite number > 0'):
@@ -192,8 +191,7 @@ def test_backend_choice():
     finally:
         set_default_backend(previous)
     with pytest.raises((ValueError, RuntimeError), match='Triton|CUDA'):
-        pola_linear_attention(q.float(), k.float(), v.float(), power.float(),
-                              backend='triton')
+        pola_linear_attention(q.float(), k.float(), v.float(), power.float(), backend='triton')
 
 
 def test_output_keeps_the_layout_of_q():
@@ -227,15 +225,13 @@ def test_autocast_keeps_float32_maths():
 
 
 def test_polarity_features_are_relu_powers():
-    x = torch.tensor([-2.0, -0.5, 0.0, 0.5, 3.0], dtype=torch.float64,
-                     requires_grad=True)
+    x = torch.tensor([-2.0, -0.5, 0.0, 0.5, 3.0], dtype=torch.float64, requires_grad=True)
     p = torch.tensor(2.5, dtype=torch.float64)
     pos, neg = polarity_features(x, p)
     torch.testing.assert_close(pos, torch.relu(x)**p)
     torch.testing.assert_close(neg, torch.relu(-x)**p)
     grad, = torch.autograd.grad((pos * 3 + neg).sum(), x)
-    expected, = torch.autograd.grad(
-        (torch.relu(x)**p * 3 + torch.relu(-x)**p).sum(), x)
+    expected, = torch.autograd.grad((torch.relu(x)**p * 3 + torch.relu(-x)**p).sum(), x)
     torch.testing.assert_close(grad, expected)
 
 
@@ -264,15 +260,15 @@ def test_feature_scaling_only_reweights_eps():
         expected = pola_linear_attention_reference(
             q[:, :, row], k, v, power, alpha, eps=eps / c_row[:, :, row])
         torch.testing.assert_close(out[:, :, row], expected, rtol=1e-12, atol=1e-12)
-    assert not torch.allclose(out, pola_linear_attention_reference(q, k, v, power, alpha,
-                                                                   eps))
+    assert not torch.allclose(out, pola_linear_attention_reference(q, k, v, power, alpha, eps))
 
     c_head = torch.rand(B, h, 1, 1, dtype=torch.float64) * 1e3 + 1e-3
     scaled_k = _scale_features(k, c_head, power, alpha)
     torch.testing.assert_close(
         pola_linear_attention_reference(q, scaled_k, v, power, alpha, eps),
         pola_linear_attention_reference(q, k, v, power, alpha, eps=eps / c_head),
-        rtol=1e-12, atol=1e-12)
+        rtol=1e-12,
+        atol=1e-12)
 
 
 def test_large_magnitudes_stay_finite_and_accurate():
@@ -294,8 +290,7 @@ def test_large_magnitudes_stay_finite_and_accurate():
     _, expected = _grads(pola_linear_attention_reference, (q, k, v, power), weights.double())
     for name, g, g_ref in zip('q k v power'.split(), grads, expected):
         scale = g_ref.abs().max().item()
-        torch.testing.assert_close(g.double(), g_ref, rtol=1e-3, atol=1e-4 * scale,
-                                   msg=name)
+        torch.testing.assert_close(g.double(), g_ref, rtol=1e-3, atol=1e-4 * scale, msg=name)
 
 
 @pytest.mark.parametrize('magnitude', [3.0, 1e-3])
@@ -325,8 +320,7 @@ def test_exact_zeros_have_finite_gradients(alpha):
         out, grads = _grads(pola_linear_attention, inputs, weights.to(dtype), alpha=alpha)
         assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
     out, grads = _grads(pola_linear_attention, (q, k, v, power), weights, alpha=alpha)
-    ref, expected = _grads(pola_linear_attention_reference, (q, k, v, power), weights,
-                           alpha=alpha)
+    ref, expected = _grads(pola_linear_attention_reference, (q, k, v, power), weights, alpha=alpha)
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
     for name, g, g_ref in zip('q k v power'.split(), grads, expected):
         torch.testing.assert_close(g, g_ref, rtol=1e-8, atol=1e-10, msg=name)
@@ -350,15 +344,15 @@ def test_zero_padded_keys_with_per_entry_eps_equal_the_real_keys(magnitude):
     k_pad, v_pad = k * mask, v * mask
     eps_b = torch.tensor(n_real, dtype=torch.float64).reshape(B, 1, 1, 1) * eps / n
     weights = torch.randn(q.shape, dtype=torch.float64)
-    out, (g_q, g_k, g_v, _) = _grads(pola_linear_attention, (q, k_pad, v_pad, power),
-                                     weights, eps=eps_b)
+    out, (g_q, g_k, g_v, _) = _grads(
+        pola_linear_attention, (q, k_pad, v_pad, power), weights, eps=eps_b)
     ref = pola_linear_attention_reference(q, k_pad, v_pad, power, eps=eps_b)
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
     for b in range(B):
         keep = mask[b, 0, :, 0]
         real = (q[b:b + 1], k[b:b + 1, :, keep], v[b:b + 1, :, keep], power)
-        expected, (e_q, e_k, e_v, _) = _grads(pola_linear_attention, real, weights[b:b + 1],
-                                              eps=eps)
+        expected, (e_q, e_k, e_v, _) = _grads(
+            pola_linear_attention, real, weights[b:b + 1], eps=eps)
         torch.testing.assert_close(out[b:b + 1], expected, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(g_q[b:b + 1], e_q, rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(g_k[b:b + 1, :, keep], e_k, rtol=1e-10, atol=1e-12)
@@ -375,9 +369,8 @@ def test_tensor_eps_per_head():
     for b in range(2):
         for i in range(3):
             sl = (slice(b, b + 1), slice(i, i + 1))
-            expected = pola_linear_attention_reference(q[sl], k[sl], v[sl],
-                                                       power[:, i:i + 1],
-                                                       eps=eps[b, i].item())
+            expected = pola_linear_attention_reference(
+                q[sl], k[sl], v[sl], power[:, i:i + 1], eps=eps[b, i].item())
             torch.testing.assert_close(out[sl], expected, rtol=1e-12, atol=1e-12)
 
 
@@ -392,8 +385,7 @@ def test_large_queries_that_meet_only_zero_key_channels():
     power = torch.full((1, h, 1, d), 10.0, dtype=torch.float64)
     ref = pola_linear_attention_reference(q, k, v, power)
     weights = torch.randn(q.shape)
-    out, grads = _grads(pola_linear_attention, [t.float() for t in (q, k, v, power)],
-                        weights)
+    out, grads = _grads(pola_linear_attention, [t.float() for t in (q, k, v, power)], weights)
     assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
     assert (out[..., 0, :] == 0).all() and (ref[..., 0, :] == 0).all()
     torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-4)

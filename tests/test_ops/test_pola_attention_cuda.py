@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from polaformer_mm.ops import pola_linear_attention, pola_linear_attention_reference
-
 from .._cuda import CUDA
 
 pytestmark = CUDA
@@ -15,8 +14,7 @@ HAS_TRITON = importlib.util.find_spec('triton') is not None
 BACKENDS = [
     'torch',
     pytest.param(
-        'triton',
-        marks=pytest.mark.skipif(not HAS_TRITON, reason='Triton is not installed')),
+        'triton', marks=pytest.mark.skipif(not HAS_TRITON, reason='Triton is not installed')),
 ]
 
 
@@ -48,8 +46,8 @@ def _assert_close(results, expected, rtol, atol_scale):
     for name, a, b in zip(('out', 'q', 'k', 'v', 'power'), results, expected):
         a = a.detach().double().cpu()
         assert torch.isfinite(a).all(), name
-        torch.testing.assert_close(a, b, rtol=rtol, atol=atol_scale * b.abs().max().item(),
-                                   msg=name)
+        torch.testing.assert_close(
+            a, b, rtol=rtol, atol=atol_scale * b.abs().max().item(), msg=name)
 
 
 @pytest.mark.parametrize('backend', BACKENDS)
@@ -95,6 +93,8 @@ def test_triton_matches_the_torch_path(shape):
 @pytest.mark.skipif(not HAS_TRITON, reason='Triton is not installed')
 def test_auto_backend_is_triton_on_cuda():
     q, k, v, power = (t.float().cuda() for t in _inputs())
-    torch.testing.assert_close(pola_linear_attention(q, k, v, power),
-                               pola_linear_attention(q, k, v, power, backend='triton'),
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        pola_linear_attention(q, k, v, power),
+        pola_linear_attention(q, k, v, power, backend='triton'),
+        rtol=0,
+        atol=0)

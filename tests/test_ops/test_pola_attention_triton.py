@@ -30,7 +30,11 @@ def _worker(mode: str, interpret: bool):
     env['PYTHONPATH'] = os.pathsep.join(filter(None, [REPO, env.get('PYTHONPATH')]))
     env.setdefault('OMP_NUM_THREADS', '1')
     proc = subprocess.run([sys.executable, '-m', 'tests.test_ops._triton_worker', mode],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+                          cwd=REPO,
+                          env=env,
+                          capture_output=True,
+                          text=True,
+                          timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -53,9 +53,13 @@ def test_metafiles_name_existing_configs_once_each():
 def test_results_only_where_published():
     """No weights exist yet for any config: a Result may only be a published ImageNet
     top-1 of an evaluation config, and no model lists Weights."""
-    published = {'pola-pvt-tiny_8xb128_in1k': 78.8, 'pola-pvt-small_8xb128_in1k': 81.9,
-                 'pola-swin-tiny_8xb128_in1k': 82.6, 'pola-swin-small_8xb128_in1k': 83.6,
-                 'pola-swin-base_8xb128_in1k': 83.8}
+    published = {
+        'pola-pvt-tiny_8xb128_in1k': 78.8,
+        'pola-pvt-small_8xb128_in1k': 81.9,
+        'pola-swin-tiny_8xb128_in1k': 82.6,
+        'pola-swin-small_8xb128_in1k': 83.6,
+        'pola-swin-base_8xb128_in1k': 83.8
+    }
     found = {}
     for model in _index().models:
         assert not getattr(model, 'weights', None), model.name
@@ -70,8 +74,9 @@ ARCHS = {'T': 'tiny', 'S': 'small', 'M': 'medium', 'L': 'large', 'B': 'base'}
 def test_pola_backbone_params_match_the_code():
     """Backbone MParams of every Pola entry equal the parameter count of that backbone
     as the code builds it (dense configs return all four stages, ImageNet ones the last)."""
-    import polaformer_mm  # noqa: F401
     from mmengine.registry import MODELS
+
+    import polaformer_mm  # noqa: F401
 
     measured = {}
     for model in _index().models:
@@ -95,8 +100,11 @@ def test_pola_backbone_params_match_the_code():
 
 def _package_copy(dst):
     """The files a user's ``pip install .`` sees (tracked and new files, no tests)."""
-    files = subprocess.run(['git', 'ls-files', '-co', '--exclude-standard'], cwd=ROOT,
-                           capture_output=True, text=True, check=True).stdout.split('\n')
+    files = subprocess.run(['git', 'ls-files', '-co', '--exclude-standard'],
+                           cwd=ROOT,
+                           capture_output=True,
+                           text=True,
+                           check=True).stdout.split('\n')
     for rel in files:
         if not rel or rel.startswith('tests/') or not osp.isfile(osp.join(ROOT, rel)):
             continue
@@ -129,19 +137,30 @@ def test_mim_search_lists_every_model_after_pip_install(tmp_path):
     mim = _mim()
     src, target = tmp_path / 'src', tmp_path / 'site'
     _package_copy(src)
-    subprocess.run([sys.executable, '-m', 'pip', 'install', '--no-deps', '--no-build-isolation',
-                    '--no-compile', '-q', '--target', str(target), str(src)], check=True)
+    subprocess.run([
+        sys.executable, '-m', 'pip', 'install', '--no-deps', '--no-build-isolation', '--no-compile',
+        '-q', '--target',
+        str(target),
+        str(src)
+    ],
+                   check=True)
     assert (target / 'polaformer_mm' / '.mim' / 'model-index.yml').is_file()
 
     env = dict(os.environ, PYTHONPATH=str(target))
     _check_search_output(
-        subprocess.run([mim, 'search', 'polaformer_mm'], capture_output=True, text=True,
-                       env=env, cwd=tmp_path))
+        subprocess.run([mim, 'search', 'polaformer_mm'],
+                       capture_output=True,
+                       text=True,
+                       env=env,
+                       cwd=tmp_path))
 
 
 def test_mim_search_in_the_project_environment(tmp_path):
     """`make install` installs the package as users do, so `mim search` works in the venv."""
     env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
     _check_search_output(
-        subprocess.run([_mim(), 'search', 'polaformer_mm'], capture_output=True, text=True,
-                       env=env, cwd=tmp_path))
+        subprocess.run([_mim(), 'search', 'polaformer_mm'],
+                       capture_output=True,
+                       text=True,
+                       env=env,
+                       cwd=tmp_path))

@@ -26,8 +26,8 @@ def _pins():
 
 def test_requirement_files_pin_the_stack():
     pins = _pins()
-    for name in ('setuptools', 'torch', 'mmcv', 'mmdet', 'mmsegmentation', 'mmpretrain',
-                 'openmim', 'pandas'):
+    for name in ('setuptools', 'torch', 'mmcv', 'mmdet', 'mmsegmentation', 'mmpretrain', 'openmim',
+                 'pandas'):
         assert name in pins, f'{name} is not pinned in requirements/*.txt'
 
 

@@ -24,9 +24,12 @@ bench = _load_tool()
 
 def test_tiny_run_writes_table_json_png(tmp_path, capsys):
     out = tmp_path / 'out'
-    rc = bench.main(['--backbones', 'pola-pvt-t', 'pvt-t', '--sizes', '64x64', '48x80',
-                     '--mode', 'forward', 'train', '--repeat', '1', '--warmup', '0',
-                     '--threads', '1', '--isolate', 'none', '--out-dir', str(out)])
+    rc = bench.main([
+        '--backbones', 'pola-pvt-t', 'pvt-t', '--sizes', '64x64', '48x80', '--mode', 'forward',
+        'train', '--repeat', '1', '--warmup', '0', '--threads', '1', '--isolate', 'none',
+        '--out-dir',
+        str(out)
+    ])
     assert rc == 0
     printed = capsys.readouterr().out
     table = (out / 'benchmark_backbone.md').read_text()
@@ -36,17 +39,19 @@ def test_tiny_run_writes_table_json_png(tmp_path, capsys):
     assert '| pola-pvt-t | pvt-t | train | none | 48x80 | 1 |' in table
 
     data = json.loads((out / 'benchmark_backbone.json').read_text())
-    assert set(data) >= {'command', 'env', 'settings', 'memory_note', 'backbones',
-                         'results', 'ratios'}
+    assert set(data) >= {
+        'command', 'env', 'settings', 'memory_note', 'backbones', 'results', 'ratios'
+    }
     assert data['settings']['sizes'] == [[64, 64], [48, 80]]
     assert set(data['backbones']) == {'pola-pvt-t', 'pvt-t'}
     assert data['backbones']['pvt-t']['cfg']['type'] == 'PyramidVisionTransformer'
     rows = data['results']
     assert len(rows) == 2 * 2 * 2 and all(r['status'] == 'ok' for r in rows)
     for r in rows:
-        assert set(r) >= {'backbone', 'mode', 'precision', 'height', 'width', 'batch',
-                          'pixels', 'times_s', 'time_s', 'mem_delta_mib', 'mem_peak_mib',
-                          'params_m'}
+        assert set(r) >= {
+            'backbone', 'mode', 'precision', 'height', 'width', 'batch', 'pixels', 'times_s',
+            'time_s', 'mem_delta_mib', 'mem_peak_mib', 'params_m'
+        }
         assert len(r['times_s']) == 1 and r['time_s'] == r['times_s'][0] > 0
         assert r['mem_peak_mib'] > 0 and r['pixels'] == r['height'] * r['width']
     assert len(data['ratios']) == 4
@@ -69,8 +74,16 @@ def test_isolated_measurement_reports_process_memory():
     """CPU default: a fresh process per measurement; its resident-memory delta counts
     the training step's activations and gradients, the peak the whole process."""
     spec = bench.backbone_specs(['pola-pvt-t'], [])[0]
-    job = dict(device='cpu', mode='train', precision='none', height=64, width=96, batch=1,
-               warmup=0, repeat=1, threads=1)
+    job = dict(
+        device='cpu',
+        mode='train',
+        precision='none',
+        height=64,
+        width=96,
+        batch=1,
+        warmup=0,
+        repeat=1,
+        threads=1)
     res = bench.run_isolated(spec, job, timeout=300)
     assert res['status'] == 'ok', res
     assert res['memory'] == 'cpu-rss'
@@ -113,12 +126,14 @@ def test_overrides_apply_by_name_or_by_argument():
     assert applied == ["pola-pvt-t: attn_types='LLSS'", 'pvt-t: num_layers=[1, 1, 1, 1]']
     assert specs[0]['cfg']['attn_types'] == 'LLSS' and 'attn_types' not in specs[1]['cfg']
     assert specs[1]['cfg']['num_layers'] == [1, 1, 1, 1]
-    assert bench.parse_override('pola-swin-t:linear_window_size=None') == (
-        'pola-swin-t', 'linear_window_size', None)
+    assert bench.parse_override('pola-swin-t:linear_window_size=None') == ('pola-swin-t',
+                                                                           'linear_window_size',
+                                                                           None)
     with pytest.raises(bench.BenchmarkError, match="none of .* takes an argument 'nope'"):
         bench.apply_overrides(specs, ['nope=1'])
-    with pytest.raises(bench.BenchmarkError, match="PyramidVisionTransformer has no "
-                       "argument 'attn_types'"):
+    with pytest.raises(
+            bench.BenchmarkError, match="PyramidVisionTransformer has no "
+            "argument 'attn_types'"):
         bench.apply_overrides(specs, ['pvt-t:attn_types=LLSS'])
     with pytest.raises(bench.BenchmarkError, match="no backbone 'swin-t'"):
         bench.apply_overrides(specs, ['swin-t:window_size=12'])
@@ -145,8 +160,10 @@ def test_bad_arguments_are_named(args, message, capsys):
 
 
 def test_config_files_pair_by_name(tmp_path):
-    paths = [osp.join(REPO, 'configs/pola_pvt', f'retinanet_{n}_fpn_1x_coco.py')
-             for n in ('pola-pvt-t', 'pvt-t')]
+    paths = [
+        osp.join(REPO, 'configs/pola_pvt', f'retinanet_{n}_fpn_1x_coco.py')
+        for n in ('pola-pvt-t', 'pvt-t')
+    ]
     specs = bench.backbone_specs([], paths)
     labels = [s['label'] for s in specs]
     assert labels == ['retinanet_pola-pvt-t_fpn_1x_coco', 'retinanet_pvt-t_fpn_1x_coco']

@@ -12,7 +12,6 @@ import pytest
 from polaformer_mm.engine import entry
 from polaformer_mm.engine.dataset_check import (DatasetCheckError, check_before_training,
                                                 check_datasets, format_reports)
-
 from .._smoke import synthetic_root
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
@@ -128,11 +127,13 @@ def test_missing_images_degenerate_boxes_unseen_classes(root):
 
 
 def test_without_msgspec_the_findings_are_the_same(root, monkeypatch):
+
     def edit(c):
         c['annotations'][0]['segmentation'] = []
         c['annotations'][1]['segmentation'] = [[1, 2, 3, 4]]
         c['annotations'][2]['bbox'][3] = 0
         del c['annotations'][3]['area']
+
     _edit_coco(root, 'train', edit)
     fast = check_datasets(_cfg(DET, root), splits=('train', ))[0].findings
     monkeypatch.setitem(sys.modules, 'msgspec', None)  # import msgspec fails
@@ -165,7 +166,8 @@ def test_command_line(root, capsys):
     _edit_coco(root, 'val', lambda c: c['annotations'][0].pop('area'))
     status = _tool('misc/check_dataset').main([
         DET, '--cfg-options', f'train_dataloader.dataset.data_root={root}',
-        f'val_dataloader.dataset.data_root={root}', f'test_dataloader.dataset.data_root={root}'])
+        f'val_dataloader.dataset.data_root={root}', f'test_dataloader.dataset.data_root={root}'
+    ])
     out = capsys.readouterr().out
     assert status == 1, out
     assert 'val_dataloader.dataset: CocoDataset' in out

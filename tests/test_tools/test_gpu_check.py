@@ -21,8 +21,11 @@ spec.loader.exec_module(gpu_check)
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason='this machine has a GPU')
 def test_without_a_gpu_it_says_so(tmp_path):
-    proc = subprocess.run([sys.executable, TOOL, '--out-dir', str(tmp_path / 'r')],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, TOOL, '--out-dir', str(tmp_path / 'r')],
+        capture_output=True,
+        text=True,
+        timeout=300)
     assert proc.returncode == 2
     assert 'gpu-check needs a CUDA GPU, and torch sees none' in proc.stderr
     assert not (tmp_path / 'r').exists()
@@ -30,8 +33,7 @@ def test_without_a_gpu_it_says_so(tmp_path):
 
 def test_probe_of_this_environment():
     probe = gpu_check.probe_environment(sys.executable)
-    for name in ('polaformer_mm', 'mmengine', 'mmcv', 'mmdet.models', 'mmseg.models',
-                 'pytest'):
+    for name in ('polaformer_mm', 'mmengine', 'mmcv', 'mmdet.models', 'mmseg.models', 'pytest'):
         assert gpu_check._ok(probe[name]), (name, probe[name])
     assert probe['mmcv_ops']['compiled_ops'] is True
     if not torch.version.cuda:
@@ -47,13 +49,12 @@ def test_cuda_test_files_are_found():
 
 def test_pytest_counts(tmp_path):
     xml = tmp_path / 'r.xml'
-    xml.write_text(
-        '<testsuites><testsuite name="pytest">'
-        '<testcase classname="a" name="ok"/>'
-        '<testcase classname="a" name="bad"><failure message="x"/></testcase>'
-        '<testcase classname="a" name="s1"><skipped message="no GPU"/></testcase>'
-        '<testcase classname="a" name="s2"><skipped message="no GPU"/></testcase>'
-        '</testsuite></testsuites>')
+    xml.write_text('<testsuites><testsuite name="pytest">'
+                   '<testcase classname="a" name="ok"/>'
+                   '<testcase classname="a" name="bad"><failure message="x"/></testcase>'
+                   '<testcase classname="a" name="s1"><skipped message="no GPU"/></testcase>'
+                   '<testcase classname="a" name="s2"><skipped message="no GPU"/></testcase>'
+                   '</testsuite></testsuites>')
     res = gpu_check._junit_counts(str(xml))
     assert res['counts'] == dict(tests=4, failures=1, errors=0, skipped=2, passed=1)
     assert res['failed'] == ['a::bad'] and res['skipped_reasons'] == {'no GPU': 2}

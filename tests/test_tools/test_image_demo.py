@@ -18,8 +18,8 @@ IMAGE = osp.join(matplotlib.get_data_path(), 'sample_data', 'grace_hopper.jpg')
 
 
 def _load_demo():
-    spec = importlib.util.spec_from_file_location(
-        'image_demo', osp.join(ROOT, 'tools', 'demo', 'image_demo.py'))
+    spec = importlib.util.spec_from_file_location('image_demo',
+                                                  osp.join(ROOT, 'tools', 'demo', 'image_demo.py'))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -39,8 +39,9 @@ def _quickstart_config(scope):
 def test_detection_random_weights_warns_and_writes(tmp_path):
     config = _quickstart_config('mmdet')
     with pytest.warns(UserWarning, match='RANDOM'):
-        out = demo.main([IMAGE, config, '--out-dir', str(tmp_path), '--device', 'cpu',
-                         '--score-thr', '0.05'])
+        out = demo.main(
+            [IMAGE, config, '--out-dir',
+             str(tmp_path), '--device', 'cpu', '--score-thr', '0.05'])
     image = mmcv.imread(IMAGE)
     assert out['vis'] == str(tmp_path / 'vis' / 'grace_hopper.jpg')
     assert mmcv.imread(out['vis']).shape == image.shape
@@ -72,8 +73,11 @@ def test_segmentation_uses_the_given_weights(tmp_path):
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
-        out = demo.main([IMAGE, config, '--weights', str(ckpt), '--out-dir',
-                         str(tmp_path / 'out'), '--device', 'cpu'])
+        out = demo.main([
+            IMAGE, config, '--weights',
+            str(ckpt), '--out-dir',
+            str(tmp_path / 'out'), '--device', 'cpu'
+        ])
     assert not [w for w in caught if 'RANDOM' in str(w.message)]
     image = mmcv.imread(IMAGE)
     assert mmcv.imread(out['vis']).shape == image.shape
@@ -87,8 +91,11 @@ def test_segmentation_uses_the_given_weights(tmp_path):
 
 def test_rejects_classification_configs_and_missing_files(tmp_path):
     with pytest.raises(ValueError, match='mmpretrain'):
-        demo.main([IMAGE, osp.join(ROOT, 'configs/imagenet/pola-pvt-tiny_8xb128_in1k.py'),
-                   '--out-dir', str(tmp_path)])
+        demo.main([
+            IMAGE,
+            osp.join(ROOT, 'configs/imagenet/pola-pvt-tiny_8xb128_in1k.py'), '--out-dir',
+            str(tmp_path)
+        ])
     config = _quickstart_config('mmseg')
     with pytest.raises(FileNotFoundError, match='missing.pth'):
         demo.main([IMAGE, config, '--weights', str(tmp_path / 'missing.pth')])

@@ -15,24 +15,32 @@ def test_cli_converts_and_loads_strict(golden_dir, tmp_path):
         data = load_golden(golden_dir, name)
         src = save_official(tmp_path / f'official_{name}', data['state_dict'])
         dst = tmp_path / f'mm_{name}'
-        proc = subprocess.run(
-            [sys.executable, osp.join(ROOT, 'tools/model_converters/official2mm.py'),
-             str(src), str(dst)], capture_output=True, text=True)
+        proc = subprocess.run([
+            sys.executable,
+            osp.join(ROOT, 'tools/model_converters/official2mm.py'),
+            str(src),
+            str(dst)
+        ],
+                              capture_output=True,
+                              text=True)
         assert proc.returncode == 0, proc.stderr
         assert 'wrote' in proc.stdout
         model = build_classifier(data)
-        model.load_state_dict(torch.load(dst, weights_only=True)['state_dict'],
-                              strict=True)
+        model.load_state_dict(torch.load(dst, weights_only=True)['state_dict'], strict=True)
         with torch.no_grad():
             logits = model.eval()(data['input'], mode='tensor')
         torch.testing.assert_close(logits, data['logits'], rtol=0, atol=1e-4)
 
 
 def test_cli_names_a_missing_source(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, osp.join(ROOT, 'tools/model_converters/official2mm.py'),
-         str(tmp_path / 'missing.pth'), str(tmp_path / 'out.pth')],
-        capture_output=True, text=True)
+    proc = subprocess.run([
+        sys.executable,
+        osp.join(ROOT, 'tools/model_converters/official2mm.py'),
+        str(tmp_path / 'missing.pth'),
+        str(tmp_path / 'out.pth')
+    ],
+                          capture_output=True,
+                          text=True)
     assert proc.returncode == 1
     assert 'missing.pth' in proc.stderr
     assert 'Traceback' not in proc.stderr  # one line naming the problem
@@ -41,10 +49,14 @@ def test_cli_names_a_missing_source(tmp_path):
 def test_cli_names_a_file_that_is_no_checkpoint(tmp_path):
     src = tmp_path / 'notes.pth'
     src.write_text('not a checkpoint')
-    proc = subprocess.run(
-        [sys.executable, osp.join(ROOT, 'tools/model_converters/official2mm.py'),
-         str(src), str(tmp_path / 'out.pth')],
-        capture_output=True, text=True)
+    proc = subprocess.run([
+        sys.executable,
+        osp.join(ROOT, 'tools/model_converters/official2mm.py'),
+        str(src),
+        str(tmp_path / 'out.pth')
+    ],
+                          capture_output=True,
+                          text=True)
     assert proc.returncode == 1
     assert 'Traceback' not in proc.stderr
     assert "official2mm: error: official checkpoint '" in proc.stderr
@@ -74,13 +86,18 @@ def test_refuses_to_overwrite_its_source(golden_dir, tmp_path, monkeypatch):
             convert_official_checkpoint(str(src), dst)
         assert src.read_bytes() == original, dst
     # through the command line too, with the source left intact
-    proc = subprocess.run(
-        [sys.executable, osp.join(ROOT, 'tools/model_converters/official2mm.py'), str(src),
-         '../official.pth'], capture_output=True, text=True)
+    proc = subprocess.run([
+        sys.executable,
+        osp.join(ROOT, 'tools/model_converters/official2mm.py'),
+        str(src), '../official.pth'
+    ],
+                          capture_output=True,
+                          text=True)
     assert proc.returncode != 0
     assert 'is the source file' in proc.stderr
     assert src.read_bytes() == original
     # a different DST still works, and no temporary file is left behind
     convert_official_checkpoint(str(src), str(tmp_path / 'converted.pth'))
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        'alias', 'converted.pth', 'hard.pth', 'link.pth', 'official.pth', 'sub']
+        'alias', 'converted.pth', 'hard.pth', 'link.pth', 'official.pth', 'sub'
+    ]

@@ -50,13 +50,19 @@ def run(tmp_path_factory):
     data_root = synthetic_root(tmp)
     options = smoke_cfg_options(osp.join(REPO, 'configs/pola_pvt', POLA + '.py'), data_root)
     # the override applies to both configs: they differ in the backbone only
-    assert options == smoke_cfg_options(osp.join(REPO, 'configs/pola_pvt', SOFTMAX + '.py'),
-                                        data_root)
+    assert options == smoke_cfg_options(
+        osp.join(REPO, 'configs/pola_pvt', SOFTMAX + '.py'), data_root)
     work_root = tmp / 'runs'
-    proc = subprocess.run(
-        [sys.executable, osp.join(REPO, 'tools/reproduce.py'), 'semantic-fpn', '--arch',
-         'pvt-t', '--gpus', '1', '--work-root', str(work_root), '--cfg-options', *options],
-        cwd=str(tmp), capture_output=True, text=True, timeout=1200)
+    proc = subprocess.run([
+        sys.executable,
+        osp.join(REPO, 'tools/reproduce.py'), 'semantic-fpn', '--arch', 'pvt-t', '--gpus', '1',
+        '--work-root',
+        str(work_root), '--cfg-options', *options
+    ],
+                          cwd=str(tmp),
+                          capture_output=True,
+                          text=True,
+                          timeout=1200)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     return work_root, proc.stdout, options
 
@@ -68,8 +74,9 @@ def _record(work_root, name, sub):
 
 def test_steps_are_plain_tool_calls_printed_before_they_run(run):
     work_root, out, _ = run
-    commands = [shlex.split(line) for line in out.splitlines()
-                if line.startswith(sys.executable + ' ')]
+    commands = [
+        shlex.split(line) for line in out.splitlines() if line.startswith(sys.executable + ' ')
+    ]
     scripts = [osp.basename(c[1]) for c in commands]
     assert scripts == ['train.py', 'test.py', 'test.py'] * 2 + ['gain_table.py'], scripts
     train_pola = next(line for line in out.splitlines()
@@ -90,8 +97,9 @@ def test_gain_table_rows_and_deltas_from_the_runs_own_numbers(run):
     work_root, out, _ = run
     with open(work_root / 'gain_table_semantic-fpn.csv') as f:
         rows = list(csv.DictReader(f))
-    assert [(r['backbone'], r['row']) for r in rows] == [
-        ('PVT-T', 'softmax'), ('Pola-PVT-T', 'pola'), ('Pola-PVT-T - PVT-T', 'delta')]
+    assert [(r['backbone'], r['row']) for r in rows] == [('PVT-T', 'softmax'),
+                                                         ('Pola-PVT-T', 'pola'),
+                                                         ('Pola-PVT-T - PVT-T', 'delta')]
     soft, pola, delta = rows
     for row, name in ((soft, SOFTMAX), (pola, POLA)):
         assert row['config'] == name and row['schedule'] == '1 it'
@@ -101,14 +109,13 @@ def test_gain_table_rows_and_deltas_from_the_runs_own_numbers(run):
         assert float(row['mIoU_ms_flip']) == pytest.approx(
             _record(work_root, name, 'test_tta')['metrics']['mIoU'], abs=1e-4)
         # params: the backbone tensors of the run's own checkpoint
-        state = torch.load(work_root / name / 'iter_1.pth', map_location='cpu',
-                           weights_only=True)['state_dict']
+        state = torch.load(
+            work_root / name / 'iter_1.pth', map_location='cpu', weights_only=True)['state_dict']
         n = sum(v.numel() for k, v in state.items() if k.startswith('backbone.'))
         assert abs(float(row['params_M']) - n / 1e6) < 1e-4
         assert row['flops_input'] == '512x512' and float(row['flops_G']) > 1
     for col in ('mIoU', 'mIoU_ms_flip', 'params_M', 'flops_G'):
-        assert float(delta[col]) == pytest.approx(float(pola[col]) - float(soft[col]),
-                                                  abs=2e-4)
+        assert float(delta[col]) == pytest.approx(float(pola[col]) - float(soft[col]), abs=2e-4)
     md = (work_root / 'gain_table_semantic-fpn.md').read_text()
     assert '| Backbone | Params (M) | FLOPs (G) | Schedule | mIoU | mIoU(ms+flip) |' in md
     assert f"| Pola-PVT-T | {float(pola['params_M']):.2f} |" in md
@@ -123,8 +130,8 @@ def test_gain_table_rows_and_deltas_from_the_runs_own_numbers(run):
 def test_chart_draws_the_deltas(run, gain_table, tmp_path):
     work_root = run[0]
     runs = gain_table.collect_runs([str(work_root)])
-    rows = gain_table.build_rows(runs, gain_table.FlopsCounter(
-        True, str(work_root / 'flops_cache.json')))
+    rows = gain_table.build_rows(runs,
+                                 gain_table.FlopsCounter(True, str(work_root / 'flops_cache.json')))
     drawn = gain_table.plot_deltas(rows, str(tmp_path / 'chart.png'))
     delta = rows[-1]
     assert drawn == [(delta['group'], 'Pola-PVT-T - PVT-T', c, delta[c])
@@ -138,28 +145,28 @@ def test_chart_draws_the_deltas(run, gain_table, tmp_path):
     assert not osp.exists(tmp_path / 'none.png')
 
 
-def test_second_call_skips_finished_steps_and_longer_runs_resume(run, reproduce,
-                                                               monkeypatch):
+def test_second_call_skips_finished_steps_and_longer_runs_resume(run, reproduce, monkeypatch):
     work_root, _, options = run
     monkeypatch.chdir(work_root.parent)
-    args = reproduce.parse_args(['semantic-fpn', '--arch', 'pvt-t', '--gpus', '1',
-                                 '--work-root', str(work_root), '--cfg-options', *options])
+    args = reproduce.parse_args([
+        'semantic-fpn', '--arch', 'pvt-t', '--gpus', '1', '--work-root',
+        str(work_root), '--cfg-options', *options
+    ])
     planner = reproduce.Planner(args, reproduce._parse_options(options), options)
     steps = planner.plan('semantic-fpn', 'pvt-t')
     assert [s.argv for s in steps] == [None] * 6, [s.note for s in steps]
     # the same runs made 2 iterations long: both resume from iter_1 and are tested again
     longer = [o.replace('train_cfg.max_iters=1', 'train_cfg.max_iters=2') for o in options]
     args.cfg_options = longer
-    steps = reproduce.Planner(args, reproduce._parse_options(longer), longer).plan(
-        'semantic-fpn', 'pvt-t')
+    steps = reproduce.Planner(args, reproduce._parse_options(longer),
+                              longer).plan('semantic-fpn', 'pvt-t')
     trains = [s.argv for s in steps if s.argv and 'train.py' in s.argv[1]]
     assert len(trains) == 2 and all('--resume' in a for a in trains)
     tests = [s.argv for s in steps if s.argv and 'test.py' in s.argv[1]]
     assert len(tests) == 4 and all(a[3].endswith('iter_2.pth') for a in tests)
 
 
-def test_dry_run_all_prints_commands_of_existing_configs(reproduce, capsys, tmp_path,
-                                                         monkeypatch):
+def test_dry_run_all_prints_commands_of_existing_configs(reproduce, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
     assert reproduce.main(['--all', '--dry-run', '--work-root', str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -197,8 +204,9 @@ def test_list_gpu_count_and_missing_weights(reproduce, capsys, tmp_path, monkeyp
     assert '[4 GPUs x 4 images (batch 16), 80k it]' in out
     assert '[8 GPUs x 2 images (batch 16), 160k it]' in out
     assert '3x (36 ep)' in out
-    args = reproduce.parse_args(['upernet', '--arch', 'swin-t', '--gpus', '2',
-                                 '--work-root', str(tmp_path)])
+    args = reproduce.parse_args(
+        ['upernet', '--arch', 'swin-t', '--gpus', '2', '--work-root',
+         str(tmp_path)])
     steps = reproduce.Planner(args, {}, []).plan('upernet', 'swin-t')
     train = steps[0].argv
     assert train[1].endswith('dist_train.sh') and train[3] == '2'

@@ -52,8 +52,7 @@ model = dict(
 
 def _load_tool():
     spec = importlib.util.spec_from_file_location(
-        'visualize_attention',
-        osp.join(ROOT, 'tools', 'analysis_tools', 'visualize_attention.py'))
+        'visualize_attention', osp.join(ROOT, 'tools', 'analysis_tools', 'visualize_attention.py'))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -86,12 +85,13 @@ def _check_summary(written, summary, num_points):
     """Files exist; every number is in its range."""
     for path in written['blocks'] + [written['entropy'], written['exponents']]:
         assert mmcv.imread(path).ndim == 3
-    assert {'config', 'checkpoint', 'random_weights', 'image', 'image_shape',
-            'input_shape', 'points', 'blocks', 'stages'} <= set(summary)
+    assert {
+        'config', 'checkpoint', 'random_weights', 'image', 'image_shape', 'input_shape', 'points',
+        'blocks', 'stages'
+    } <= set(summary)
     assert summary['image_shape'] == [600, 512]
     assert len(summary['points']) == num_points
-    assert [osp.basename(p) for p in written['blocks']] == [
-        b['figure'] for b in summary['blocks']]
+    assert [osp.basename(p) for p in written['blocks']] == [b['figure'] for b in summary['blocks']]
     for block in summary['blocks']:
         h = block['num_heads']
         entropy = block['entropy']
@@ -122,8 +122,9 @@ def _check_summary(written, summary, num_points):
 
 def test_quickstart_pvt_with_baseline_random_weights(tmp_path):
     written, summary, messages = _run([
-        PVT_CONFIG, IMAGE, '--out-dir', str(tmp_path), '--device', 'cpu',
-        '--baseline-config', PVT_BASELINE, '--dpi', '40'])
+        PVT_CONFIG, IMAGE, '--out-dir',
+        str(tmp_path), '--device', 'cpu', '--baseline-config', PVT_BASELINE, '--dpi', '40'
+    ])
     assert any('RANDOM' in m and '--checkpoint' in m for m in messages)
     assert any('RANDOM' in m and '--baseline-checkpoint' in m for m in messages)
     assert summary['random_weights'] and summary['baseline_random_weights']
@@ -143,8 +144,8 @@ def test_quickstart_pvt_with_baseline_random_weights(tmp_path):
     # default points: the centre of the 512 x 600 image, mapped into the 109 x 128 input
     assert summary['points'][0]['image_xy'] == [256., 300.]
     x, y = summary['points'][0]['input_xy']
-    assert x == pytest.approx(256.5 * 109 / 512 - 0.5) and y == pytest.approx(
-        300.5 * 128 / 600 - 0.5)
+    assert x == pytest.approx(256.5 * 109 / 512 - 0.5) and y == pytest.approx(300.5 * 128 / 600
+                                                                              - 0.5)
 
 
 def test_windowed_pola_swin_with_swin_baseline_and_checkpoint(tmp_path, swin_configs):
@@ -159,9 +160,11 @@ def test_windowed_pola_swin_with_swin_baseline_and_checkpoint(tmp_path, swin_con
     ckpt = tmp_path / 'model.pth'
     torch.save({'state_dict': model.state_dict(), 'meta': {}}, ckpt)
     written, summary, messages = _run([
-        swin_configs['pola'], IMAGE, '--out-dir', str(tmp_path / 'out'), '--device',
-        'cpu', '--checkpoint', str(ckpt), '--baseline-config', swin_configs['swin'],
-        '--points', '100,120', '500,590', '--per-head', '--dpi', '40'])
+        swin_configs['pola'], IMAGE, '--out-dir',
+        str(tmp_path / 'out'), '--device', 'cpu', '--checkpoint',
+        str(ckpt), '--baseline-config', swin_configs['swin'], '--points', '100,120', '500,590',
+        '--per-head', '--dpi', '40'
+    ])
     assert not any('--checkpoint CKPT' in m for m in messages)
     assert any('--baseline-checkpoint' in m for m in messages)
     assert not summary['random_weights'] and summary['baseline_random_weights']
@@ -216,12 +219,10 @@ def test_windowed_weights_reproduce_the_module_outputs(swin_configs):
             return x[0, :H, :W].reshape(H, W, h, d)
 
         out_map, v_map = to_map(out), to_map(v)
-        cells = np.stack(np.meshgrid(np.arange(H), np.arange(W), indexing='ij'),
-                         -1).reshape(-1, 2)
+        cells = np.stack(np.meshgrid(np.arange(H), np.arange(W), indexing='ij'), -1).reshape(-1, 2)
         maps = site.maps(cells)
         d1 = (v.shape[-1] + 1) // 2
-        for stream, part in (('same_signed', slice(0, d1)),
-                             ('opposite_signed', slice(d1, None))):
+        for stream, part in (('same_signed', slice(0, d1)), ('opposite_signed', slice(d1, None))):
             weights = torch.from_numpy(maps[stream])  # (m, h, H, W)
             pred = torch.einsum('mhij,ijhc->mhc', weights, v_map[..., part])
             expected = out_map[cells[:, 0], cells[:, 1]][..., part]
@@ -235,13 +236,11 @@ def test_windowed_weights_reproduce_the_module_outputs(swin_configs):
     for name, module in base.backbone.named_modules():
         if hasattr(module, 'w_msa') and hasattr(module, 'shift_size'):
             msa = module.w_msa
-            msa.register_forward_pre_hook(
-                lambda m, a, key=name: seen.__setitem__(key + '/x', a[0]))
+            msa.register_forward_pre_hook(lambda m, a, key=name: seen.__setitem__(key + '/x', a[0]))
             msa.proj.register_forward_pre_hook(
                 lambda m, a, key=name: seen.__setitem__(key + '/out', a[0]))
     base_sites = tool.collect_softmax_sites(base.backbone, prepared.inputs)
-    assert [(s.stage, s.block) for s in base_sites] == [(i, j) for i in range(4)
-                                                        for j in range(2)]
+    assert [(s.stage, s.block) for s in base_sites] == [(i, j) for i in range(4) for j in range(2)]
     for site in base_sites[:4]:
         msa = site.module.w_msa
         C = seen[site.name + '/x'].shape[-1]
@@ -292,11 +291,10 @@ def test_spatial_reduction_weights_reproduce_the_baseline_output():
         if isinstance(module, torch.nn.MultiheadAttention):
             module.register_forward_hook(keep_first_output(name))
     sites = tool.collect_softmax_sites(base.backbone, prepared.inputs)
-    assert [s.stage_hw for s in pola_sites[::2]] == [(150, 128), (75, 64), (38, 32),
-                                                     (19, 16)]
+    assert [s.stage_hw for s in pola_sites[::2]] == [(150, 128), (75, 64), (38, 32), (19, 16)]
     assert [s.stage_hw for s in sites[::2]] == [(150, 128), (75, 64), (37, 32), (18, 16)]
-    assert [s.stride for s in sites] == [s.stride for s in pola_sites] == [
-        4, 4, 8, 8, 16, 16, 32, 32]
+    assert [s.stride for s in sites] == [s.stride
+                                         for s in pola_sites] == [4, 4, 8, 8, 16, 16, 32, 32]
     assert [s.key_hw for s in sites[::2]] == [(18, 16), (18, 16), (18, 16), (18, 16)]
     assert [s.key_cell for s in sites[::2]] == [32, 32, 32, 32]
     for site in sites[::3]:
@@ -327,8 +325,11 @@ def test_bad_input_is_named(tmp_path, swin_configs):
     with pytest.raises(ValueError, match='x,y'):
         tool.main([PVT_CONFIG, IMAGE, '--out-dir', str(tmp_path), '--points', '600'])
     with pytest.raises(FileNotFoundError, match='missing.pth'):
-        tool.main([PVT_CONFIG, IMAGE, '--out-dir', str(tmp_path), '--checkpoint',
-                   str(tmp_path / 'missing.pth')])
+        tool.main([
+            PVT_CONFIG, IMAGE, '--out-dir',
+            str(tmp_path), '--checkpoint',
+            str(tmp_path / 'missing.pth')
+        ])
     # a checkpoint without the backbone's attention weights
     cfg = tool.load_config(swin_configs['pola'])
     model = tool.build_model(cfg, None, 'cpu', seed=0)
@@ -336,6 +337,5 @@ def test_bad_input_is_named(tmp_path, swin_configs):
     torch.save({'state_dict': state}, tmp_path / 'partial.pth')
     with pytest.raises(KeyError, match='attn.power'):
         tool.load_weights(model, str(tmp_path / 'partial.pth'))
-    with pytest.warns(UserWarning, match='RANDOM'), pytest.raises(ValueError,
-                                                                  match='no Pola'):
+    with pytest.warns(UserWarning, match='RANDOM'), pytest.raises(ValueError, match='no Pola'):
         tool.main([swin_configs['swin'], IMAGE, '--out-dir', str(tmp_path)])

@@ -30,10 +30,16 @@ print('@@modules ' + json.dumps(dict(after_import=after_import, after_run=sorted
 
 @pytest.fixture(scope='module')
 def modules():
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get('PYTHONPATH', ''),
-               OMP_NUM_THREADS='1')
-    proc = subprocess.run([sys.executable, '-c', SCRIPT], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    env = dict(
+        os.environ,
+        PYTHONPATH=REPO + os.pathsep + os.environ.get('PYTHONPATH', ''),
+        OMP_NUM_THREADS='1')
+    proc = subprocess.run([sys.executable, '-c', SCRIPT],
+                          cwd=REPO,
+                          env=env,
+                          capture_output=True,
+                          text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [x for x in proc.stdout.splitlines() if x.startswith('@@modules ')][0]
     return json.loads(line[len('@@modules '):])

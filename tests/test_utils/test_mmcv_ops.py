@@ -12,8 +12,7 @@ import torch
 
 from polaformer_mm.utils.mmcv_ops import (CPU_ONLY_ENV, MmcvBuildError, MmcvCudaOpsError,
                                           arch_list_from_capabilities, check_mmcv_cuda_ops,
-                                          mmcv_cuda_ops_version, plan_mmcv_build,
-                                          uses_mmcv_ops)
+                                          mmcv_cuda_ops_version, plan_mmcv_build, uses_mmcv_ops)
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 SCRIPT = osp.join(REPO, 'tools', 'build_mmcv_wheel.sh')
@@ -68,8 +67,10 @@ def test_no_gpu_and_no_arch_list_is_an_error():
 
 
 def test_nvcc_of_another_major_version_is_an_error():
-    with pytest.raises(MmcvBuildError, match=r'nvcc is CUDA 11.8 but torch was built for '
-                       r'CUDA 12.8.*install the CUDA toolkit 12.8'):
+    with pytest.raises(
+            MmcvBuildError,
+            match=r'nvcc is CUDA 11.8 but torch was built for '
+            r'CUDA 12.8.*install the CUDA toolkit 12.8'):
         plan_mmcv_build('12.8', '11.8', [(8, 0)], {})
 
 
@@ -83,8 +84,11 @@ def test_build_script_finds_the_cached_wheel(tmp_path):
     dest = tmp_path / f'mmcv-2.1.0-torch{torch_v}-{py}-{tag}'
     dest.mkdir()
     (dest / 'mmcv-2.1.0-cp311-cp311-linux_x86_64.whl').write_bytes(b'')
-    proc = subprocess.run(['bash', SCRIPT, sys.executable], capture_output=True, text=True,
-                          env=dict(os.environ, POLA_WHEEL_CACHE=str(tmp_path)), timeout=120)
+    proc = subprocess.run(['bash', SCRIPT, sys.executable],
+                          capture_output=True,
+                          text=True,
+                          env=dict(os.environ, POLA_WHEEL_CACHE=str(tmp_path)),
+                          timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(dest)
     assert 'mmcv ops: torch is a CPU build: CPU ops' in proc.stderr
@@ -110,7 +114,9 @@ fi
 exec {sys.executable} "$@"
 ''')
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    proc = subprocess.run(['bash', SCRIPT, str(fake)], capture_output=True, text=True,
+    proc = subprocess.run(['bash', SCRIPT, str(fake)],
+                          capture_output=True,
+                          text=True,
                           env=dict(os.environ, POLA_WHEEL_CACHE=str(tmp_path / 'cache')),
                           timeout=120)
     assert proc.returncode == 1
@@ -151,9 +157,11 @@ def test_model_on_cuda_without_mmcv_cuda_ops_stops(retinanet):
     check_mmcv_cuda_ops(retinanet, env={}, status=(True, '12.8', None), on_cuda=True)
     # an mmcv whose compiled ops do not load at all: no opt-in helps
     with pytest.raises(MmcvCudaOpsError, match='compiled ops do not load'):
-        check_mmcv_cuda_ops(retinanet, env={CPU_ONLY_ENV: '1'},
-                            status=(False, None, 'ModuleNotFoundError: mmcv._ext'),
-                            on_cuda=True)
+        check_mmcv_cuda_ops(
+            retinanet,
+            env={CPU_ONLY_ENV: '1'},
+            status=(False, None, 'ModuleNotFoundError: mmcv._ext'),
+            on_cuda=True)
     # on this machine the model is on the CPU: nothing to check
     check_mmcv_cuda_ops(retinanet)
 

@@ -16,8 +16,7 @@ import warnings
 
 import pytest
 
-from polaformer_mm.utils import startup_hook
-from polaformer_mm.utils import torchvision_compat
+from polaformer_mm.utils import startup_hook, torchvision_compat
 from polaformer_mm.utils.torchvision_compat import stand_in_active
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
@@ -28,16 +27,25 @@ needs_stand_in = pytest.mark.skipif(
 def _venv(tmp_path, with_hook):
     root = tmp_path / 'venv'
     subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(root)], check=True)
-    site_dir = subprocess.run(
-        [str(root / 'bin' / 'python'), '-c',
-         "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True, capture_output=True, text=True).stdout.strip()
-    # the packages of the test interpreter, with their own .pth files processed
+    site_dir = subprocess.run([
+        str(root / 'bin' / 'python'), '-c',
+        "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    ],
+                              check=True,
+                              capture_output=True,
+                              text=True).stdout.strip()
+    # the packages of the test interpreter, with their own .pth files processed, except
+    # the hook's own (``make install`` writes it there; this venv decides for itself)
+    base = sysconfig.get_paths()['purelib']
     with open(osp.join(site_dir, 'base_packages.pth'), 'w') as f:
-        f.write(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
+        f.write(f'import os, site, sys; sys.path.append({base!r}); '
+                f'[site.addpackage({base!r}, n, set()) for n in sorted(os.listdir({base!r})) '
+                f"if n.endswith('.pth') and n != {startup_hook.PTH_NAME!r}]\n")
     if with_hook:
-        subprocess.run([str(root / 'bin' / 'python'), startup_hook.__file__], check=True,
-                       capture_output=True, env=_env())
+        subprocess.run([str(root / 'bin' / 'python'), startup_hook.__file__],
+                       check=True,
+                       capture_output=True,
+                       env=_env())
     return str(root / 'bin' / 'python'), site_dir
 
 
@@ -48,8 +56,11 @@ def _env():
 
 
 def _run(python, code):
-    return subprocess.run([python, '-c', textwrap.dedent(code)], capture_output=True,
-                          text=True, env=_env(), timeout=300)
+    return subprocess.run([python, '-c', textwrap.dedent(code)],
+                          capture_output=True,
+                          text=True,
+                          env=_env(),
+                          timeout=300)
 
 
 def test_write_is_idempotent(tmp_path, monkeypatch):
@@ -81,8 +92,9 @@ def test_without_hook_torchvision_first_fails(tmp_path):
 
 def test_warning_names_the_fix_when_the_hook_is_missing(monkeypatch):
     monkeypatch.setattr(torchvision_compat, 'startup_hook_installed', lambda: False)
-    with pytest.warns(torchvision_compat.TorchvisionOpsWarning,
-                      match='python -m polaformer_mm.utils.startup_hook'):
+    with pytest.warns(
+            torchvision_compat.TorchvisionOpsWarning,
+            match='python -m polaformer_mm.utils.startup_hook'):
         torchvision_compat.warn_if_hook_missing()
     monkeypatch.setattr(torchvision_compat, 'startup_hook_installed', lambda: True)
     with warnings.catch_warnings():
@@ -91,12 +103,13 @@ def test_warning_names_the_fix_when_the_hook_is_missing(monkeypatch):
 
 
 @needs_stand_in
-@pytest.mark.parametrize('code', [
-    """
+@pytest.mark.parametrize(
+    'code', [
+        """
         import mmseg.apis
         import polaformer_mm
     """,
-    """
+        """
         import torchvision, torch
         import polaformer_mm
         boxes = torch.tensor([[0., 0., 10., 10.], [1., 1., 10., 10.], [20., 20., 30., 30.]])
@@ -105,10 +118,11 @@ def test_warning_names_the_fix_when_the_hook_is_missing(monkeypatch):
         from polaformer_mm.utils import torchvision_compat
         assert torchvision_compat.stand_in_active()  # one module: the hook's is reused
     """,
-    """
+        """
         import mmdet.models
     """,
-], ids=['mmseg.apis-first', 'torchvision-first', 'mmdet.models-alone'])
+    ],
+    ids=['mmseg.apis-first', 'torchvision-first', 'mmdet.models-alone'])
 def test_with_hook_import_order_does_not_matter(tmp_path, code):
     python, _ = _venv(tmp_path, with_hook=True)
     proc = _run(python, textwrap.dedent(code) + "print('ok')\n")
@@ -119,7 +133,8 @@ def test_with_hook_import_order_does_not_matter(tmp_path, code):
 
 def test_hook_costs_no_import_at_start_up(tmp_path):
     python, _ = _venv(tmp_path, with_hook=True)
-    proc = _run(python, """
+    proc = _run(
+        python, """
         import sys
         assert '_polaformer_mm_startup' in sys.modules
         heavy = [m for m in ('torch', 'numpy', 'polaformer_mm') if m in sys.modules]

@@ -39,8 +39,8 @@ def _degenerate_boxes(n, seed):
 
 def test_nms_cpu_keeps_zero_area_boxes_as_mmcv_does():
     from mmcv.ops import nms as mmcv_nms
-    points = torch.tensor([[0., 0., 0., 0.], [5., 5., 5., 5.], [0., 0., 0., 0.],
-                           [1., 1., 1., 5.], [0., 0., 10., 10.]])
+    points = torch.tensor([[0., 0., 0., 0.], [5., 5., 5., 5.], [0., 0., 0., 0.], [1., 1., 1., 5.],
+                           [0., 0., 10., 10.]])
     scores = torch.tensor([0.9, 0.8, 0.7, 0.6, 0.5])
     # disjoint (and even coinciding) zero-area boxes have IoU 0 / 0: not above any
     # threshold, so the compiled kernels keep every one of them

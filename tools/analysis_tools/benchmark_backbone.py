@@ -65,7 +65,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 sys.path.insert(0, REPO)
 
+# polaformer_mm before anything that imports torchvision: keep this order
+# isort: off
 import torch  # noqa: E402
+# isort: on
 
 MODES = ('forward', 'train')
 PRECISIONS = {'none': None, 'fp16': torch.float16, 'bf16': torch.bfloat16}
@@ -92,8 +95,12 @@ def _named_backbones() -> Dict[str, dict]:
     for k, arch in _PVT_ARCH.items():
         named[f'pola-pvt-{k}'] = dict(
             scope=None,
-            cfg=dict(type='PolaPVT', arch=arch, attn_types='LLLL', drop_path_rate=0.1,
-                     out_indices=(0, 1, 2, 3)),
+            cfg=dict(
+                type='PolaPVT',
+                arch=arch,
+                attn_types='LLLL',
+                drop_path_rate=0.1,
+                out_indices=(0, 1, 2, 3)),
             config=f'configs/pola_pvt/mask-rcnn_pola-pvt-{k}_fpn_1x_coco.py')
         named[f'pvt-{k}'] = dict(
             scope='mmdet',
@@ -104,15 +111,29 @@ def _named_backbones() -> Dict[str, dict]:
                   if k == 'b' else 'configs/pola_swin/mask-rcnn_{}swin-%s-p4-w7_fpn_1x_coco.py' % k)
         named[f'pola-swin-{k}'] = dict(
             scope=None,
-            cfg=dict(type='PolaSwin', arch=arch, attn_types='LLSS', window_size=7,
-                     drop_path_rate=_SWIN_DROP_PATH[k], out_indices=(0, 1, 2, 3)),
+            cfg=dict(
+                type='PolaSwin',
+                arch=arch,
+                attn_types='LLSS',
+                window_size=7,
+                drop_path_rate=_SWIN_DROP_PATH[k],
+                out_indices=(0, 1, 2, 3)),
             config=config.format('pola-'))
         named[f'swin-{k}'] = dict(
             scope='mmdet',
-            cfg=dict(type='SwinTransformer', **_SWIN_SIZES[k], window_size=7, mlp_ratio=4,
-                     qkv_bias=True, qk_scale=None, drop_rate=0., attn_drop_rate=0.,
-                     drop_path_rate=_SWIN_DROP_PATH[k], patch_norm=True,
-                     out_indices=(0, 1, 2, 3), with_cp=False),
+            cfg=dict(
+                type='SwinTransformer',
+                **_SWIN_SIZES[k],
+                window_size=7,
+                mlp_ratio=4,
+                qkv_bias=True,
+                qk_scale=None,
+                drop_rate=0.,
+                attn_drop_rate=0.,
+                drop_path_rate=_SWIN_DROP_PATH[k],
+                patch_norm=True,
+                out_indices=(0, 1, 2, 3),
+                with_cp=False),
             config=config.format(''))
     return named
 
@@ -164,33 +185,63 @@ def build_parser() -> argparse.ArgumentParser:
         description='Time and peak memory of backbones side by side (Pola vs softmax)',
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog='names: ' + ' '.join(NAMED))
-    p.add_argument('--backbones', nargs='+', default=[], metavar='NAME',
-                   help='backbones by name (see below)')
-    p.add_argument('--config', nargs='+', default=[], metavar='FILE',
-                   help='config files whose model.backbone is measured')
-    p.add_argument('--sizes', nargs='+', default=['800x1333'], metavar='HxW',
-                   help='input sizes, height x width (default 800x1333)')
-    p.add_argument('--batch', nargs='+', type=int, default=[1], metavar='B',
-                   help='batch sizes (default 1)')
-    p.add_argument('--mode', nargs='+', default=['forward', 'train'], choices=MODES,
-                   help='forward (inference) and/or train (forward + backward)')
-    p.add_argument('--repeat', type=int, default=3,
-                   help='timed steps per measurement; the median is reported (default 3)')
-    p.add_argument('--warmup', type=int, default=1,
-                   help='untimed steps before them (default 1)')
+    p.add_argument(
+        '--backbones', nargs='+', default=[], metavar='NAME', help='backbones by name (see below)')
+    p.add_argument(
+        '--config',
+        nargs='+',
+        default=[],
+        metavar='FILE',
+        help='config files whose model.backbone is measured')
+    p.add_argument(
+        '--sizes',
+        nargs='+',
+        default=['800x1333'],
+        metavar='HxW',
+        help='input sizes, height x width (default 800x1333)')
+    p.add_argument(
+        '--batch', nargs='+', type=int, default=[1], metavar='B', help='batch sizes (default 1)')
+    p.add_argument(
+        '--mode',
+        nargs='+',
+        default=['forward', 'train'],
+        choices=MODES,
+        help='forward (inference) and/or train (forward + backward)')
+    p.add_argument(
+        '--repeat',
+        type=int,
+        default=3,
+        help='timed steps per measurement; the median is reported (default 3)')
+    p.add_argument('--warmup', type=int, default=1, help='untimed steps before them (default 1)')
     p.add_argument('--device', default='cpu', help="'cpu' or 'cuda[:i]' (default cpu)")
-    p.add_argument('--amp', nargs='+', default=['none'], choices=list(PRECISIONS),
-                   help='autocast dtype(s) on CUDA; none = float32 (default)')
-    p.add_argument('--backbone-cfg', nargs='+', default=[], metavar='[NAME:]KEY=VALUE',
-                   help="constructor overrides, e.g. 'pola-swin-t:linear_window_size=None'")
-    p.add_argument('--isolate', choices=['auto', 'process', 'none'], default='auto',
-                   help='run each measurement in a fresh process (auto: on CPU only)')
-    p.add_argument('--threads', type=int, default=None,
-                   help='torch CPU threads (default: torch chooses)')
-    p.add_argument('--timeout', type=float, default=None,
-                   help='seconds one isolated measurement may take (default: no limit)')
-    p.add_argument('--out-dir', default=osp.join('work_dirs', 'benchmark_backbone'),
-                   help='where the table, JSON and PNG go (default work_dirs/benchmark_backbone)')
+    p.add_argument(
+        '--amp',
+        nargs='+',
+        default=['none'],
+        choices=list(PRECISIONS),
+        help='autocast dtype(s) on CUDA; none = float32 (default)')
+    p.add_argument(
+        '--backbone-cfg',
+        nargs='+',
+        default=[],
+        metavar='[NAME:]KEY=VALUE',
+        help="constructor overrides, e.g. 'pola-swin-t:linear_window_size=None'")
+    p.add_argument(
+        '--isolate',
+        choices=['auto', 'process', 'none'],
+        default='auto',
+        help='run each measurement in a fresh process (auto: on CPU only)')
+    p.add_argument(
+        '--threads', type=int, default=None, help='torch CPU threads (default: torch chooses)')
+    p.add_argument(
+        '--timeout',
+        type=float,
+        default=None,
+        help='seconds one isolated measurement may take (default: no limit)')
+    p.add_argument(
+        '--out-dir',
+        default=osp.join('work_dirs', 'benchmark_backbone'),
+        help='where the table, JSON and PNG go (default work_dirs/benchmark_backbone)')
     p.add_argument('--no-plot', action='store_true', help='skip the PNG')
     p.add_argument('--worker', help=argparse.SUPPRESS)
     return p
@@ -208,8 +259,7 @@ def validate(args: argparse.Namespace) -> dict:
     _require(all(b >= 1 for b in args.batch), f'--batch values must be >= 1, got {args.batch}')
     _require(args.threads is None or args.threads >= 1,
              f'--threads must be >= 1, got {args.threads}')
-    _require(args.timeout is None or args.timeout > 0,
-             f'--timeout must be > 0, got {args.timeout}')
+    _require(args.timeout is None or args.timeout > 0, f'--timeout must be > 0, got {args.timeout}')
     _require(bool(args.backbones or args.config), 'give --backbones and/or --config')
     unknown = [n for n in args.backbones if n not in NAMED]
     _require(not unknown, f'--backbones: unknown {unknown}; names: {list(NAMED)}')
@@ -221,20 +271,30 @@ def validate(args: argparse.Namespace) -> dict:
         raise BenchmarkError(f'--device {args.device!r}: {e}') from None
     _require(device.type in ('cpu', 'cuda'), f"--device must be cpu or cuda, got {args.device!r}")
     if device.type == 'cuda':
-        _require(torch.cuda.is_available(),
-                 f'--device {args.device}: torch sees no CUDA GPU (torch {torch.__version__}, '
-                 f'built for CUDA {torch.version.cuda})')
+        _require(
+            torch.cuda.is_available(),
+            f'--device {args.device}: torch sees no CUDA GPU (torch {torch.__version__}, '
+            f'built for CUDA {torch.version.cuda})')
     amp = list(dict.fromkeys(args.amp))
-    _require(device.type == 'cuda' or amp == ['none'],
-             f'--amp {" ".join(a for a in amp if a != "none")} needs --device cuda '
-             '(CPU runs are float32)')
+    _require(
+        device.type == 'cuda' or amp == ['none'],
+        f'--amp {" ".join(a for a in amp if a != "none")} needs --device cuda '
+        '(CPU runs are float32)')
     sizes = list(dict.fromkeys(parse_size(s) for s in args.sizes))
     isolate = args.isolate if args.isolate != 'auto' else (
         'process' if device.type == 'cpu' else 'none')
-    return dict(device=str(device), device_type=device.type, sizes=sizes,
-                batches=list(dict.fromkeys(args.batch)), modes=list(dict.fromkeys(args.mode)),
-                precisions=amp, repeat=args.repeat, warmup=args.warmup, isolate=isolate,
-                threads=args.threads, timeout=args.timeout)
+    return dict(
+        device=str(device),
+        device_type=device.type,
+        sizes=sizes,
+        batches=list(dict.fromkeys(args.batch)),
+        modes=list(dict.fromkeys(args.mode)),
+        precisions=amp,
+        repeat=args.repeat,
+        warmup=args.warmup,
+        isolate=isolate,
+        threads=args.threads,
+        timeout=args.timeout)
 
 
 # ------------------------------------------------------------------------ backbones
@@ -250,18 +310,26 @@ def backbone_specs(names: Sequence[str], configs: Sequence[str]) -> List[dict]:
     specs = []
     for name in names:
         entry = NAMED[name]
-        specs.append(dict(label=name, scope=entry['scope'], cfg=dict(entry['cfg']),
-                          imports=[], source=f'name ({entry["config"]})'))
+        specs.append(
+            dict(
+                label=name,
+                scope=entry['scope'],
+                cfg=dict(entry['cfg']),
+                imports=[],
+                source=f'name ({entry["config"]})'))
     for path in configs:
         from mmengine.config import Config
         cfg = Config.fromfile(path)  # imports its custom_imports here
         if 'model' not in cfg or 'backbone' not in cfg.model:
             raise BenchmarkError(f'--config {path}: no model.backbone in the config')
         imports = list(cfg.get('custom_imports', {}).get('imports', []))
-        specs.append(dict(label=osp.splitext(osp.basename(path))[0],
-                          scope=cfg.get('default_scope'),
-                          cfg=_clean_backbone_cfg(cfg.model.backbone.to_dict()),
-                          imports=imports, source=path))
+        specs.append(
+            dict(
+                label=osp.splitext(osp.basename(path))[0],
+                scope=cfg.get('default_scope'),
+                cfg=_clean_backbone_cfg(cfg.model.backbone.to_dict()),
+                imports=imports,
+                source=path))
     labels = [s['label'] for s in specs]
     dup = sorted({x for x in labels if labels.count(x) > 1})
     _require(not dup, f'backbone(s) given twice: {dup}')
@@ -311,12 +379,14 @@ def apply_overrides(specs: List[dict], overrides: Sequence[str]) -> List[str]:
                      f'(backbones: {labels})')
             chosen = [s for s in specs if s['label'] == target]
             cls = backbone_class(chosen[0])
-            _require(_accepts(cls, key), f'--backbone-cfg {text!r}: {cls.__name__} has '
-                     f'no argument {key!r}')
+            _require(
+                _accepts(cls, key), f'--backbone-cfg {text!r}: {cls.__name__} has '
+                f'no argument {key!r}')
         else:
             chosen = [s for s in specs if _accepts(backbone_class(s), key)]
-            _require(bool(chosen), f'--backbone-cfg {text!r}: none of {labels} takes an '
-                     f'argument {key!r}')
+            _require(
+                bool(chosen), f'--backbone-cfg {text!r}: none of {labels} takes an '
+                f'argument {key!r}')
         for spec in chosen:
             spec['cfg'][key] = value
             applied.append(f"{spec['label']}: {key}={value!r}")
@@ -372,10 +442,11 @@ class _CpuMemory:
             self.before = _peak_rss_kib()
 
     def stop(self) -> dict:
-        peak = (_read_status_kib('VmHWM') if self.method.startswith('VmHWM')
-                else _peak_rss_kib())
-        return dict(mem_peak_mib=peak / 1024, mem_delta_mib=(peak - self.before) / 1024,
-                    mem_method=self.method)
+        peak = (_read_status_kib('VmHWM') if self.method.startswith('VmHWM') else _peak_rss_kib())
+        return dict(
+            mem_peak_mib=peak / 1024,
+            mem_delta_mib=(peak - self.before) / 1024,
+            mem_method=self.method)
 
 
 class _CudaMemory:
@@ -392,8 +463,10 @@ class _CudaMemory:
     def stop(self) -> dict:
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device)
-        return dict(mem_peak_mib=peak / 2**20, mem_delta_mib=(peak - self.before) / 2**20,
-                    mem_method='torch.cuda.max_memory_allocated')
+        return dict(
+            mem_peak_mib=peak / 2**20,
+            mem_delta_mib=(peak - self.before) / 2**20,
+            mem_method='torch.cuda.max_memory_allocated')
 
 
 def _loss(outs) -> torch.Tensor:
@@ -435,8 +508,8 @@ def measure(model, mode: str, precision: str, height: int, width: int, batch: in
         sync()
         if i >= warmup:
             times.append(time.perf_counter() - start)
-    result = dict(times_s=times, time_s=statistics.median(times), memory=memory.kind,
-                  **memory.stop())
+    result = dict(
+        times_s=times, time_s=statistics.median(times), memory=memory.kind, **memory.stop())
     model.zero_grad(set_to_none=True)
     return result
 
@@ -452,15 +525,17 @@ def run_one(spec: dict, job: dict, model=None) -> dict:
         torch.set_num_threads(job['threads'])
     if model is None:
         model = build_backbone(spec).to(device)
-    result = dict(status='ok', params_m=sum(p.numel() for p in model.parameters()) / 1e6,
-                  threads=torch.get_num_threads())
+    result = dict(
+        status='ok',
+        params_m=sum(p.numel() for p in model.parameters()) / 1e6,
+        threads=torch.get_num_threads())
     try:
-        result.update(measure(model, job['mode'], job['precision'], job['height'],
-                              job['width'], job['batch'], device, job['warmup'],
-                              job['repeat']))
+        result.update(
+            measure(model, job['mode'], job['precision'], job['height'], job['width'], job['batch'],
+                    device, job['warmup'], job['repeat']))
     except Exception as e:  # noqa: BLE001  (recorded per measurement; OOM is expected)
-        result.update(status='oom' if _is_oom(e) else 'error',
-                      error=f'{type(e).__name__}: {e}'[:2000])
+        result.update(
+            status='oom' if _is_oom(e) else 'error', error=f'{type(e).__name__}: {e}'[:2000])
         model.zero_grad(set_to_none=True)
         if device.type == 'cuda':
             torch.cuda.empty_cache()
@@ -479,11 +554,12 @@ def run_isolated(spec: dict, job: dict, timeout: Optional[float]) -> dict:
         if line.startswith(RESULT_PREFIX):
             return json.loads(line[len(RESULT_PREFIX):])
     if proc.returncode == -9:
-        return dict(status='oom', error='the measuring process was killed (SIGKILL; most '
-                    'likely out of memory)')
+        return dict(
+            status='oom',
+            error='the measuring process was killed (SIGKILL; most '
+            'likely out of memory)')
     tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
-    return dict(status='error', error=f'worker exited with {proc.returncode}: '
-                + '\n'.join(tail))
+    return dict(status='error', error=f'worker exited with {proc.returncode}: ' + '\n'.join(tail))
 
 
 def _worker_main(payload: str) -> None:
@@ -497,11 +573,17 @@ def _worker_main(payload: str) -> None:
 
 def jobs_for(settings: dict) -> List[dict]:
     return [
-        dict(device=settings['device'], mode=mode, precision=precision, height=h, width=w,
-             batch=b, warmup=settings['warmup'], repeat=settings['repeat'],
-             threads=settings['threads'])
-        for precision in settings['precisions'] for mode in settings['modes']
-        for (h, w) in settings['sizes'] for b in settings['batches']
+        dict(
+            device=settings['device'],
+            mode=mode,
+            precision=precision,
+            height=h,
+            width=w,
+            batch=b,
+            warmup=settings['warmup'],
+            repeat=settings['repeat'],
+            threads=settings['threads']) for precision in settings['precisions']
+        for mode in settings['modes'] for (h, w) in settings['sizes'] for b in settings['batches']
     ]
 
 
@@ -510,9 +592,15 @@ def _log(line: str) -> None:
 
 
 def _row(spec: dict, job: dict, res: dict) -> dict:
-    return dict(backbone=spec['label'], mode=job['mode'], precision=job['precision'],
-                height=job['height'], width=job['width'], batch=job['batch'],
-                pixels=job['height'] * job['width'], **res)
+    return dict(
+        backbone=spec['label'],
+        mode=job['mode'],
+        precision=job['precision'],
+        height=job['height'],
+        width=job['width'],
+        batch=job['batch'],
+        pixels=job['height'] * job['width'],
+        **res)
 
 
 def run_all(specs: List[dict], settings: dict, log=_log) -> List[dict]:
@@ -562,8 +650,10 @@ def baseline_of(label: str, labels: Sequence[str]) -> Optional[str]:
 
 def compute_ratios(results: List[dict]) -> List[dict]:
     labels = list(dict.fromkeys(r['backbone'] for r in results))
-    index = {(r['backbone'], r['mode'], r['precision'], r['height'], r['width'],
-              r['batch']): r for r in results}
+    index = {
+        (r['backbone'], r['mode'], r['precision'], r['height'], r['width'], r['batch']): r
+        for r in results
+    }
     ratios = []
     for label in labels:
         base = baseline_of(label, labels)
@@ -576,13 +666,19 @@ def compute_ratios(results: List[dict]) -> List[dict]:
             if b is None or r['status'] != 'ok' or b['status'] != 'ok':
                 continue
             mode, precision, h, w, batch = key
-            ratios.append(dict(
-                pola=label, baseline=base, mode=mode, precision=precision, height=h,
-                width=w, batch=batch,
-                time=r['time_s'] / b['time_s'],
-                mem_delta=(r['mem_delta_mib'] / b['mem_delta_mib']
-                           if b['mem_delta_mib'] > 0 else None),
-                mem_peak=r['mem_peak_mib'] / b['mem_peak_mib']))
+            ratios.append(
+                dict(
+                    pola=label,
+                    baseline=base,
+                    mode=mode,
+                    precision=precision,
+                    height=h,
+                    width=w,
+                    batch=batch,
+                    time=r['time_s'] / b['time_s'],
+                    mem_delta=(r['mem_delta_mib']
+                               / b['mem_delta_mib'] if b['mem_delta_mib'] > 0 else None),
+                    mem_peak=r['mem_peak_mib'] / b['mem_peak_mib']))
     return ratios
 
 
@@ -626,17 +722,22 @@ def format_report(data: dict) -> str:
         size = f"{r['height']}x{r['width']}"
         params = f"{r['params_m']:.2f}" if r.get('params_m') is not None else '-'
         if r['status'] == 'ok':
-            cells = [_fmt_ms(r['time_s']), _fmt_mib(r['mem_delta_mib']),
-                     _fmt_mib(r['mem_peak_mib'])]
+            cells = [
+                _fmt_ms(r['time_s']),
+                _fmt_mib(r['mem_delta_mib']),
+                _fmt_mib(r['mem_peak_mib'])
+            ]
         else:
             cells = [r['status'].upper(), '-', '-']
         lines.append(f"| {r['backbone']} | {r['mode']} | {r['precision']} | {size} | "
                      f"{r['batch']} | {params} | " + ' | '.join(cells) + ' |')
     if data['ratios']:
-        lines += ['', f'Pola / baseline (below 1: Pola is faster / leaner); memory ratios '
-                  f'of the {delta_name.split(" (")[0]} and the {peak_name.split(" (")[0]}:',
-                  '', '| Pola | baseline | mode | precision | input (HxW) | batch | time | '
-                  'mem delta | mem peak |', '|---|---|---|---|---|---:|---:|---:|---:|']
+        lines += [
+            '', f'Pola / baseline (below 1: Pola is faster / leaner); memory ratios '
+            f'of the {delta_name.split(" (")[0]} and the {peak_name.split(" (")[0]}:', '',
+            '| Pola | baseline | mode | precision | input (HxW) | batch | time | '
+            'mem delta | mem peak |', '|---|---|---|---|---|---:|---:|---:|---:|'
+        ]
         for q in data['ratios']:
             lines.append(f"| {q['pola']} | {q['baseline']} | {q['mode']} | {q['precision']} "
                          f"| {q['height']}x{q['width']} | {q['batch']} | "
@@ -677,20 +778,23 @@ def draw(data: dict, path: str) -> None:
             colours[base], styles[base] = colours[label], '--'
     fig, axes = plt.subplots(2, len(columns), figsize=(5.5 * len(columns), 8), squeeze=False)
     for col, (mode, precision) in enumerate(columns):
-        for row, (key, scale, name) in enumerate((('time_s', 1e3, 'time (ms)'),
-                                                  ('mem_delta_mib', 1, delta_name))):
+        panels = (('time_s', 1e3, 'time (ms)'), ('mem_delta_mib', 1, delta_name))
+        for row, (key, scale, name) in enumerate(panels):
             ax = axes[row][col]
             for label in labels:
                 for b in batches:
-                    pts = sorted((r['pixels'], r[key] * scale) for r in results
-                                 if r['backbone'] == label and r['batch'] == b
-                                 and r['mode'] == mode and r['precision'] == precision
-                                 and r[key] is not None and r[key] > 0)
+                    pts = sorted(
+                        (r['pixels'], r[key] * scale) for r in results
+                        if r['backbone'] == label and r['batch'] == b and r['mode'] == mode
+                        and r['precision'] == precision and r[key] is not None and r[key] > 0)
                     if not pts:
                         continue
                     tag = label if len(batches) == 1 else f'{label} b{b}'
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker='o',
-                            color=colours[label], linestyle=styles[label], label=tag)
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts],
+                            marker='o',
+                            color=colours[label],
+                            linestyle=styles[label],
+                            label=tag)
             ax.set_xscale('log')
             ax.set_yscale('log')
             ax.set_xlabel('pixels per image (H x W)')
@@ -719,9 +823,13 @@ def environment(settings: dict) -> dict:
             versions[key] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             versions[key] = None
-    return dict(device_name=name, torch=torch.__version__, cuda=torch.version.cuda,
-                python=platform.python_version(),
-                threads=settings['threads'] or torch.get_num_threads(), **versions)
+    return dict(
+        device_name=name,
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        python=platform.python_version(),
+        threads=settings['threads'] or torch.get_num_threads(),
+        **versions)
 
 
 MEMORY_NOTES = {
@@ -731,7 +839,6 @@ MEMORY_NOTES = {
     'cuda': ('alloc delta = torch.cuda.max_memory_allocated during the measurement minus '
              'the memory allocated right before it; max alloc = that peak'),
 }
-
 
 IN_PROCESS_CPU_NOTE = (
     '. CAUTION: --isolate none on CPU: all measurements share one process, so after the '
@@ -756,15 +863,20 @@ def main(argv=None) -> int:
                                      + list(sys.argv[1:] if argv is None else argv))
     results = run_all(specs, settings)
     data = dict(
-        command=command, date=datetime.datetime.now().isoformat(timespec='seconds'),
+        command=command,
+        date=datetime.datetime.now().isoformat(timespec='seconds'),
         env=environment(settings),
         settings=dict(settings, sizes=[list(s) for s in settings['sizes']]),
-        memory_note=MEMORY_NOTES[settings['device_type']] + (
-            IN_PROCESS_CPU_NOTE if settings['device_type'] == 'cpu'
-            and settings['isolate'] == 'none' else ''),
-        backbones={s['label']: dict(scope=s['scope'], cfg=s['cfg'], source=s['source'])
-                   for s in specs},
-        overrides=overrides, results=results, ratios=compute_ratios(results))
+        memory_note=MEMORY_NOTES[settings['device_type']] +
+        (IN_PROCESS_CPU_NOTE
+         if settings['device_type'] == 'cpu' and settings['isolate'] == 'none' else ''),
+        backbones={
+            s['label']: dict(scope=s['scope'], cfg=s['cfg'], source=s['source'])
+            for s in specs
+        },
+        overrides=overrides,
+        results=results,
+        ratios=compute_ratios(results))
     report = format_report(data)
     os.makedirs(args.out_dir, exist_ok=True)
     stem = osp.join(args.out_dir, OUT_STEM)

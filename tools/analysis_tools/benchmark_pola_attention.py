@@ -150,7 +150,8 @@ def cpu_peak_child(impl, shape_index, dtype, backend):
 def measure_cpu_peak(impl, shape_index, args):
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_='131072', MALLOC_TRIM_THRESHOLD_='131072')
     cmd = [
-        sys.executable, os.path.abspath(__file__), '--child', impl,
+        sys.executable,
+        os.path.abspath(__file__), '--child', impl,
         str(shape_index), '--dtype', args.dtype, '--backend', args.backend
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -172,13 +173,20 @@ def parse_args(argv=None):
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--dtype', default='float32', choices=['float32', 'float16'])
     parser.add_argument('--repeat', type=int, default=5, help='timed runs (>= 1)')
-    parser.add_argument('--backend', default='auto', choices=['auto', 'torch', 'triton'],
-                        help="the op's backend")
-    parser.add_argument('--shapes', type=int, nargs='+', default=None,
-                        help=f'indices into the shape list (0-{len(SHAPES) - 1}); all by '
-                        'default')
-    parser.add_argument('--reference-max-tokens', type=int, default=4096,
-                        help='run the explicit N x n version only up to this N')
+    parser.add_argument(
+        '--backend', default='auto', choices=['auto', 'torch', 'triton'], help="the op's backend")
+    parser.add_argument(
+        '--shapes',
+        type=int,
+        nargs='+',
+        default=None,
+        help=f'indices into the shape list (0-{len(SHAPES) - 1}); all by '
+        'default')
+    parser.add_argument(
+        '--reference-max-tokens',
+        type=int,
+        default=4096,
+        help='run the explicit N x n version only up to this N')
     parser.add_argument('--no-memory', action='store_true', help='time only')
     parser.add_argument('--child', nargs=2, metavar=('IMPL', 'SHAPE'), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -53,10 +53,15 @@ SEG_COLUMNS = {
     'mIoU': ('mIoU', 'single', 'mIoU', 1.),
     'mIoU_ms_flip': ('mIoU(ms+flip)', 'tta', 'mIoU', 1.),
 }
-CSV_FIELDS = (['group', 'backbone', 'row', 'config', 'params_M', 'flops_G', 'flops_input',
-               'schedule'] + list(DET_COLUMNS) + list(SEG_COLUMNS))
-MODEL_NAMES = {'MaskRCNN': 'Mask R-CNN', 'RetinaNet': 'RetinaNet', 'FPNHead': 'Semantic FPN',
-               'UPerHead': 'UperNet'}
+CSV_FIELDS = (
+    ['group', 'backbone', 'row', 'config', 'params_M', 'flops_G', 'flops_input', 'schedule']
+    + list(DET_COLUMNS) + list(SEG_COLUMNS))
+MODEL_NAMES = {
+    'MaskRCNN': 'Mask R-CNN',
+    'RetinaNet': 'RetinaNet',
+    'FPNHead': 'Semantic FPN',
+    'UPerHead': 'UperNet'
+}
 DATASET_NAMES = {'CocoDataset': 'COCO', 'ADE20KDataset': 'ADE20K'}
 _ARCH = re.compile(r'(?:^|_)(pola-)?(pvt|swin)-([tsmlb])(?=[-_]|$)')
 _SIZES = 'tsmlb'
@@ -73,8 +78,7 @@ class Run:
 
     def add(self, path: str, record: dict) -> None:
         kind = 'tta' if record.get('tta') else 'single'
-        if kind not in self.records or record.get('time', '') >= self.records[kind].get(
-                'time', ''):
+        if kind not in self.records or record.get('time', '') >= self.records[kind].get('time', ''):
             self.records[kind] = record
             self.files[kind] = path
 
@@ -99,9 +103,10 @@ def _read_record(path: str) -> dict:
 
 def _metric_files(work_dir: str) -> List[str]:
     """The records in ``work_dir`` and up to two folder levels below it."""
-    return sorted(glob.glob(osp.join(work_dir, METRICS_FILE)) +
-                  glob.glob(osp.join(work_dir, '*', METRICS_FILE)) +
-                  glob.glob(osp.join(work_dir, '*', '*', METRICS_FILE)))
+    return sorted(
+        glob.glob(osp.join(work_dir, METRICS_FILE))
+        + glob.glob(osp.join(work_dir, '*', METRICS_FILE))
+        + glob.glob(osp.join(work_dir, '*', '*', METRICS_FILE)))
 
 
 def collect_runs(work_dirs: List[str]) -> List[Run]:
@@ -211,8 +216,7 @@ class FlopsCounter:
     def __call__(self, cfg: Config) -> dict:
         scope = cfg.get('default_scope')
         shape = get_flops.DEFAULT_SHAPES[scope]
-        key = json.dumps([scope, get_flops._backbone_key(cfg, False), list(shape),
-                          self.enabled])
+        key = json.dumps([scope, get_flops._backbone_key(cfg, False), list(shape), self.enabled])
         if key not in self.cache:
             if self.enabled:
                 result = get_flops.measure(cfg, tuple(shape), whole=False)
@@ -281,18 +285,30 @@ def _columns(members: List[Run]) -> Dict[str, tuple]:
 
 def _run_row(group, run, columns, flops):
     size = flops(run.cfg)
-    row = dict(group=group, backbone=backbone_label(run), row='pola' if is_pola(run)
-               else 'softmax', config=run.stem, params_M=size['params'] / 1e6,
-               flops_G=None if size['flops'] is None else size['flops'] / 1e9,
-               flops_input=size['shape'], schedule=schedule_of(run.cfg), columns=columns)
+    row = dict(
+        group=group,
+        backbone=backbone_label(run),
+        row='pola' if is_pola(run) else 'softmax',
+        config=run.stem,
+        params_M=size['params'] / 1e6,
+        flops_G=None if size['flops'] is None else size['flops'] / 1e9,
+        flops_input=size['shape'],
+        schedule=schedule_of(run.cfg),
+        columns=columns)
     for name, (_, source, key, scale) in columns.items():
         row[name] = run.metric(source, key, scale)
     return row
 
 
 def _delta_row(group, base, pola, columns):
-    row = dict(group=group, backbone=f"{pola['backbone']} - {base['backbone']}", row='delta',
-               config='', flops_input=pola['flops_input'], schedule='', columns=columns)
+    row = dict(
+        group=group,
+        backbone=f"{pola['backbone']} - {base['backbone']}",
+        row='delta',
+        config='',
+        flops_input=pola['flops_input'],
+        schedule='',
+        columns=columns)
     for name in ['params_M', 'flops_G'] + list(columns):
         a, b = pola.get(name), base.get(name)
         row[name] = None if a is None or b is None else a - b
@@ -312,14 +328,17 @@ def format_markdown(rows: List[dict]) -> str:
         columns = members[0]['columns']
         shape = members[0]['flops_input']
         out.append(f'### {group}\n')
-        out.append('| Backbone | Params (M) | FLOPs (G) | Schedule | ' +
-                   ' | '.join(c[0] for c in columns.values()) + ' |')
+        out.append('| Backbone | Params (M) | FLOPs (G) | Schedule | '
+                   + ' | '.join(c[0] for c in columns.values()) + ' |')
         out.append('|---|---:|---:|---|' + '---:|' * len(columns))
         for r in members:
             delta = r['row'] == 'delta'
             name = f"*delta {r['backbone']}*" if delta else r['backbone']
-            cells = [name, _fmt(r['params_M'], 2, delta), _fmt(r['flops_G'], 2, delta),
-                     r['schedule']]
+            cells = [
+                name,
+                _fmt(r['params_M'], 2, delta),
+                _fmt(r['flops_G'], 2, delta), r['schedule']
+            ]
             cells += [_fmt(r[c], 1 if columns[c][3] == 100. else 2, delta) for c in columns]
             out.append('| ' + ' | '.join(cells) + ' |')
         out.append(f'\nParams and FLOPs: the backbone at {shape}. Delta rows: Pola minus '
@@ -332,9 +351,11 @@ def write_csv(rows: List[dict], path: str) -> None:
         writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction='ignore')
         writer.writeheader()
         for r in rows:
-            writer.writerow({k: ('' if r.get(k) is None else
-                                 round(r[k], 4) if isinstance(r.get(k), float) else r[k])
-                             for k in CSV_FIELDS})
+            writer.writerow({
+                k: ('' if r.get(k) is None else
+                    round(r[k], 4) if isinstance(r.get(k), float) else r[k])
+                for k in CSV_FIELDS
+            })
 
 
 def plot_deltas(rows: List[dict], path: str) -> List[tuple]:
@@ -351,8 +372,8 @@ def plot_deltas(rows: List[dict], path: str) -> List[tuple]:
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     groups = list(dict.fromkeys(r['group'] for r in deltas))
-    fig, axes = plt.subplots(1, len(groups), figsize=(max(4.5, 3.2 * len(groups) + 2), 3.6),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(groups), figsize=(max(4.5, 3.2 * len(groups) + 2), 3.6), squeeze=False)
     drawn = []
     for ax, group in zip(axes[0], groups):
         members = [r for r in deltas if r['group'] == group]
@@ -363,8 +384,10 @@ def plot_deltas(rows: List[dict], path: str) -> List[tuple]:
             values = [r[name] if r[name] is not None else 0. for r in members]
             bars = ax.bar(xs, values, width, label=label)
             drawn += [(group, r['backbone'], name, r[name]) for r in members]
-            ax.bar_label(bars, labels=[_fmt(r[name], 1 if columns[name][3] == 100. else 2,
-                                            True) for r in members], fontsize=7)
+            ax.bar_label(
+                bars,
+                labels=[_fmt(r[name], 1 if columns[name][3] == 100. else 2, True) for r in members],
+                fontsize=7)
         ax.axhline(0, color='black', linewidth=0.8)
         ax.set_xticks(range(len(members)))
         ax.set_xticklabels([r['backbone'].split(' - ')[0] for r in members])
@@ -379,14 +402,17 @@ def plot_deltas(rows: List[dict], path: str) -> List[tuple]:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description='Pola vs softmax table of evaluated runs')
-    p.add_argument('work_dirs', nargs='+', metavar='WORK_DIR',
-                   help='run work dirs, or folders of them')
-    p.add_argument('--out', metavar='PREFIX',
-                   help='write PREFIX.md, PREFIX.csv and PREFIX.png')
-    p.add_argument('--no-flops', action='store_true',
-                   help='skip the FLOPs measurement (params are still counted)')
-    p.add_argument('--flops-cache', metavar='FILE',
-                   help='JSON file remembering measured backbones between calls')
+    p.add_argument(
+        'work_dirs', nargs='+', metavar='WORK_DIR', help='run work dirs, or folders of them')
+    p.add_argument('--out', metavar='PREFIX', help='write PREFIX.md, PREFIX.csv and PREFIX.png')
+    p.add_argument(
+        '--no-flops',
+        action='store_true',
+        help='skip the FLOPs measurement (params are still counted)')
+    p.add_argument(
+        '--flops-cache',
+        metavar='FILE',
+        help='JSON file remembering measured backbones between calls')
     p.add_argument('--threads', type=int, default=None, help='torch CPU threads')
     return p.parse_args(argv)
 

@@ -39,16 +39,19 @@ from typing import Dict, List, Optional, Tuple
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
+# polaformer_mm before anything that imports torchvision: keep this order
+# isort: off
 import polaformer_mm  # noqa: E402,F401  (registers the Pola backbones; before torchvision)
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 from mmengine.analysis import get_model_complexity_info  # noqa: E402
 from mmengine.analysis import complexity_analysis  # noqa: E402
-from mmengine.analysis.jit_handles import (bmm_flop_jit,  # noqa: E402
-                                           elementwise_flop_counter, get_shape)
+from mmengine.analysis.jit_handles import bmm_flop_jit, get_shape  # noqa: E402
+from mmengine.analysis.jit_handles import elementwise_flop_counter  # noqa: E402
 from mmengine.config import Config, DictAction  # noqa: E402
 from mmengine.logging import MMLogger  # noqa: E402
 from mmengine.registry import DefaultScope  # noqa: E402
+# isort: on
 
 DEFAULT_SHAPES = {'mmdet': (800, 1333), 'mmseg': (512, 512), 'mmpretrain': (224, 224)}
 
@@ -171,15 +174,11 @@ def measure(cfg: Config, shape: Tuple[int, int], whole: bool) -> dict:
     try:
         with torch.no_grad():
             info = get_model_complexity_info(
-                wrapped,
-                inputs=(torch.randn(1, 3, *shape), ),
-                show_table=False,
-                show_arch=False)
+                wrapped, inputs=(torch.randn(1, 3, *shape), ), show_table=False, show_arch=False)
     finally:
         logger.handlers = handlers
     table = complexity_analysis._DEFAULT_SUPPORTED_FLOP_OPS
-    uncounted = sorted(op for op in catcher.ops
-                       if op not in table and op not in ELEMENTWISE_OPS)
+    uncounted = sorted(op for op in catcher.ops if op not in table and op not in ELEMENTWISE_OPS)
     return dict(params=params, flops=info['flops'], uncounted=uncounted)
 
 
@@ -187,7 +186,9 @@ def _fmt_shape(shape):
     return f'{shape[0]}x{shape[1]}'
 
 
-def run(configs: List[str], shape: Optional[Tuple[int, int]], whole: bool,
+def run(configs: List[str],
+        shape: Optional[Tuple[int, int]],
+        whole: bool,
         cfg_options: Optional[dict] = None) -> List[dict]:
     register_extra_flop_ops()
     rows, cache = [], {}
@@ -200,16 +201,22 @@ def run(configs: List[str], shape: Optional[Tuple[int, int]], whole: bool,
         key = (scope, _backbone_key(cfg, whole), tuple(size or ()))
         if key not in cache:
             cache[key] = measure(cfg, tuple(size), whole)
-        part = ('backbone' if not whole else
-                {'mmdet': 'backbone+neck'}.get(scope, 'model'))
-        rows.append(dict(config=path, backbone=_describe(cfg), part=part,
-                         shape=_fmt_shape(size), **cache[key]))
+        part = ('backbone' if not whole else {'mmdet': 'backbone+neck'}.get(scope, 'model'))
+        rows.append(
+            dict(
+                config=path,
+                backbone=_describe(cfg),
+                part=part,
+                shape=_fmt_shape(size),
+                **cache[key]))
     return rows
 
 
 def format_table(rows: List[dict]) -> str:
-    lines = ['| config | backbone | measured | input (HxW) | params (M) | FLOPs (G) |',
-             '|---|---|---|---|---:|---:|']
+    lines = [
+        '| config | backbone | measured | input (HxW) | params (M) | FLOPs (G) |',
+        '|---|---|---|---|---:|---:|'
+    ]
     for r in rows:
         lines.append(f"| {r['config']} | {r['backbone']} | {r['part']} | {r['shape']} | "
                      f"{r['params'] / 1e6:.2f} | {r['flops'] / 1e9:.2f} |")
@@ -226,19 +233,31 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(
         description='Parameters and FLOPs of the backbone (or model) of configs')
     p.add_argument('configs', nargs='+', metavar='CONFIG', help='config file(s)')
-    p.add_argument('--shape', type=int, nargs='+', metavar='SIZE',
-                   help='input H W (or one value for a square); default per config: '
-                   '800x1333 mmdet, 512x512 mmseg, 224x224 mmpretrain')
+    p.add_argument(
+        '--shape',
+        type=int,
+        nargs='+',
+        metavar='SIZE',
+        help='input H W (or one value for a square); default per config: '
+        '800x1333 mmdet, 512x512 mmseg, 224x224 mmpretrain')
     part = p.add_mutually_exclusive_group()
-    part.add_argument('--backbone-only', action='store_true',
-                      help='measure the backbone only (the default)')
-    part.add_argument('--whole-model', action='store_true',
-                      help='measure the tensor-only forward of the model (mmdet: '
-                      'backbone + neck)')
-    p.add_argument('--threads', type=int, default=None,
-                   help='torch CPU threads (1 avoids OpenMP stalls on a busy machine)')
-    p.add_argument('--cfg-options', nargs='+', action=DictAction,
-                   help='override config keys, e.g. model.backbone.attn_types=LLSS')
+    part.add_argument(
+        '--backbone-only', action='store_true', help='measure the backbone only (the default)')
+    part.add_argument(
+        '--whole-model',
+        action='store_true',
+        help='measure the tensor-only forward of the model (mmdet: '
+        'backbone + neck)')
+    p.add_argument(
+        '--threads',
+        type=int,
+        default=None,
+        help='torch CPU threads (1 avoids OpenMP stalls on a busy machine)')
+    p.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
+        help='override config keys, e.g. model.backbone.attn_types=LLSS')
     args = p.parse_args(argv)
     if args.shape is not None:
         if len(args.shape) not in (1, 2):

@@ -11,10 +11,10 @@ CONFIG is a detection (mmdet), segmentation (mmseg) or classification (mmpretrai
 whose backbone is ``PolaPVT`` or ``PolaSwin``; the model is built through the registry of
 the config's ``default_scope``. ``--checkpoint`` (a whole-model checkpoint as
 ``tools/train.py`` writes it, a converted backbone file, or an official PolaFormer
-checkpoint) is read weights-only (``polaformer_mm.utils.checkpoint_io``) and must hold every backbone
-parameter; the rest of the model does not affect the backbone's attention. Without it the
-backbone keeps its random initialisation (seeded by ``--seed``): the tool says so loudly,
-on every figure and in the JSON.
+checkpoint) is read weights-only (``polaformer_mm.utils.checkpoint_io``) and must hold
+every backbone parameter; the rest of the model does not affect the backbone's attention.
+Without it the backbone keeps its random initialisation (seeded by ``--seed``): the tool
+says so loudly, on every figure and in the JSON.
 
 The image goes through the config's test pipeline (annotation loading dropped) and the
 model's data preprocessor, as at test time. One no-grad forward pass of the backbone
@@ -67,6 +67,8 @@ from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
+# polaformer_mm before anything that imports torchvision: keep this order
+# isort: off
 import polaformer_mm  # noqa: E402,F401  (registers the backbones; before torchvision)
 import matplotlib  # noqa: E402
 
@@ -82,19 +84,20 @@ from polaformer_mm.engine.entry import load_config, task_of  # noqa: E402
 from polaformer_mm.models.attention import PolaLinearAttention  # noqa: E402
 from polaformer_mm.models.backbones.pola_swin import SwinBlock as PolaSwinBlock  # noqa: E402
 from polaformer_mm.models.backbones.pola_swin import _window_shift  # noqa: E402
-from polaformer_mm.models.official_weights import (  # noqa: E402
-    convert_official_state_dict, detect_official_family, extract_state_dict)
-from polaformer_mm.ops import (attention_entropy, pola_attention_weights,  # noqa: E402
-                               pola_exponent)
+from polaformer_mm.models.official_weights import convert_official_state_dict  # noqa: E402
+from polaformer_mm.models.official_weights import detect_official_family  # noqa: E402
+from polaformer_mm.models.official_weights import extract_state_dict  # noqa: E402
+from polaformer_mm.ops import attention_entropy, pola_attention_weights  # noqa: E402
+from polaformer_mm.ops import pola_exponent  # noqa: E402
 from polaformer_mm.utils.checkpoint_io import load_checkpoint, require_checkpoint  # noqa: E402
+# isort: on
 
 RANDOM_WEIGHTS_WARNING = (
     'No --checkpoint given: the backbone keeps its RANDOM initialisation, so the '
     'attention maps, entropies and exponents describe an untrained model. Pass '
     '--checkpoint CKPT for a trained one.')
-RANDOM_BASELINE_WARNING = (
-    'No --baseline-checkpoint given: the baseline backbone keeps its RANDOM '
-    'initialisation.')
+RANDOM_BASELINE_WARNING = ('No --baseline-checkpoint given: the baseline backbone keeps its RANDOM '
+                           'initialisation.')
 STREAMS = ('same_signed', 'opposite_signed')
 STREAM_TITLES = {
     'same_signed': 'same-signed',
@@ -127,28 +130,48 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description='Attention maps, entropies and exponents of the Pola blocks of a '
         'config on one image')
-    p.add_argument('config', help='mmdet / mmseg / mmpretrain config with a PolaPVT or '
-                   'PolaSwin backbone')
+    p.add_argument(
+        'config', help='mmdet / mmseg / mmpretrain config with a PolaPVT or '
+        'PolaSwin backbone')
     p.add_argument('image', help='image file')
     p.add_argument('--out-dir', required=True, help='output folder')
-    p.add_argument('--checkpoint', help='whole-model, converted or official checkpoint; '
-                   'without it the weights are random (with a warning)')
-    p.add_argument('--points', nargs='+', metavar='X,Y',
-                   help='query points in pixels of the original image (default: the '
-                   'centre and two points on the diagonal)')
-    p.add_argument('--baseline-config', help='softmax baseline config (mmdet '
-                   'PyramidVisionTransformer / SwinTransformer backbone) drawn beside')
+    p.add_argument(
+        '--checkpoint',
+        help='whole-model, converted or official checkpoint; '
+        'without it the weights are random (with a warning)')
+    p.add_argument(
+        '--points',
+        nargs='+',
+        metavar='X,Y',
+        help='query points in pixels of the original image (default: the '
+        'centre and two points on the diagonal)')
+    p.add_argument(
+        '--baseline-config',
+        help='softmax baseline config (mmdet '
+        'PyramidVisionTransformer / SwinTransformer backbone) drawn beside')
     p.add_argument('--baseline-checkpoint', help='checkpoint of the baseline')
-    p.add_argument('--device', choices=['cpu', 'cuda'], default=None,
-                   help='default: cuda when available, else cpu')
-    p.add_argument('--num-queries', type=int, default=256,
-                   help='random query tokens per block for the entropies (default 256)')
-    p.add_argument('--seed', type=int, default=0,
-                   help='seed of the query sampling and of a random initialisation')
-    p.add_argument('--stages', type=int, nargs='+',
-                   help='analyse the blocks of these stages only (default: all)')
-    p.add_argument('--per-head', action='store_true',
-                   help='one panel per head instead of the mean over heads')
+    p.add_argument(
+        '--device',
+        choices=['cpu', 'cuda'],
+        default=None,
+        help='default: cuda when available, else cpu')
+    p.add_argument(
+        '--num-queries',
+        type=int,
+        default=256,
+        help='random query tokens per block for the entropies (default 256)')
+    p.add_argument(
+        '--seed',
+        type=int,
+        default=0,
+        help='seed of the query sampling and of a random initialisation')
+    p.add_argument(
+        '--stages',
+        type=int,
+        nargs='+',
+        help='analyse the blocks of these stages only (default: all)')
+    p.add_argument(
+        '--per-head', action='store_true', help='one panel per head instead of the mean over heads')
     p.add_argument('--dpi', type=int, default=100, help='resolution of the PNGs')
     args = p.parse_args(argv)
     if args.baseline_checkpoint and not args.baseline_config:
@@ -180,8 +203,7 @@ def load_weights(model: nn.Module, path: str, what: str = 'checkpoint') -> dict:
     state = extract_state_dict(obj, source=path)
     state = {re.sub(r'^module\.', '', k): v for k, v in state.items()}
     if detect_official_family(state) is not None:
-        state = convert_official_state_dict(
-            state, family=getattr(model.backbone, 'family', None))
+        state = convert_official_state_dict(state, family=getattr(model.backbone, 'family', None))
     elif not any(k.startswith('backbone.') for k in state):
         state = {f'backbone.{k}': v for k, v in state.items()}
     # the output norms (norm0..3) act after the attention: not needed here
@@ -200,7 +222,10 @@ def load_weights(model: nn.Module, path: str, what: str = 'checkpoint') -> dict:
     return dict(kept=list(result.missing_keys), unused=list(result.unexpected_keys))
 
 
-def build_model(cfg: Config, checkpoint: Optional[str], device: str, seed: int,
+def build_model(cfg: Config,
+                checkpoint: Optional[str],
+                device: str,
+                seed: int,
                 what: str = 'checkpoint') -> nn.Module:
     """The config's model in eval mode: weights from ``checkpoint``, else the backbone's
     own (seeded) random initialisation. Pretrained files named in the config are not
@@ -405,14 +430,11 @@ class Site:
         return int(valid.sum())
 
     def describe(self) -> dict:
-        info = dict(query_grid=list(self.stage_hw), stride=self.stride,
-                    num_heads=self.num_heads)
+        info = dict(query_grid=list(self.stage_hw), stride=self.stride, num_heads=self.num_heads)
         if self.window is None:
-            info.update(layout='global', key_grid=list(self.key_hw),
-                        key_cell_pixels=self.key_cell)
+            info.update(layout='global', key_grid=list(self.key_hw), key_cell_pixels=self.key_cell)
         else:
-            info.update(layout='window', window_size=self.window[0],
-                        shift=self.window[1])
+            info.update(layout='window', window_size=self.window[0], shift=self.window[1])
         return info
 
 
@@ -470,15 +492,16 @@ class PolaSite(Site):
             power = torch.full_like(power, float('-inf'))
         if self.window is None:
             key_pos, valid = self._grid_keys()
-            flat = torch.as_tensor(cells[:, 0] * self.stage_hw[1] + cells[:, 1],
-                                   device=q.device)
+            flat = torch.as_tensor(cells[:, 0] * self.stage_hw[1] + cells[:, 1], device=q.device)
             for index in _chunks(len(cells)):
                 w_sim, w_opp = pola_attention_weights(
-                    q[:, :, flat[torch.as_tensor(index, device=q.device)]], k, power,
-                    self.alpha, eps)
-                yield Rows(index, dict(same_signed=w_sim[0].transpose(0, 1),
-                                       opposite_signed=w_opp[0].transpose(0, 1)),
-                           key_pos, valid)
+                    q[:, :, flat[torch.as_tensor(index, device=q.device)]], k, power, self.alpha,
+                    eps)
+                yield Rows(
+                    index,
+                    dict(
+                        same_signed=w_sim[0].transpose(0, 1),
+                        opposite_signed=w_opp[0].transpose(0, 1)), key_pos, valid)
             return
         windows, slots = self._window_of(cells)
         for window in np.unique(windows):
@@ -488,11 +511,14 @@ class PolaSite(Site):
             for part in _chunks(len(members)):
                 index = members[part]
                 w_sim, w_opp = pola_attention_weights(
-                    q[window:window + 1, :, torch.as_tensor(slots[index], device=q.device)],
-                    k[window:window + 1], power, self.alpha, w_eps)
-                yield Rows(index, dict(same_signed=w_sim[0].transpose(0, 1),
-                                       opposite_signed=w_opp[0].transpose(0, 1)),
-                           key_pos, valid)
+                    q[window:window + 1, :,
+                      torch.as_tensor(slots[index], device=q.device)], k[window:window + 1], power,
+                    self.alpha, w_eps)
+                yield Rows(
+                    index,
+                    dict(
+                        same_signed=w_sim[0].transpose(0, 1),
+                        opposite_signed=w_opp[0].transpose(0, 1)), key_pos, valid)
 
 
 class SoftmaxSRASite(Site):
@@ -507,8 +533,7 @@ class SoftmaxSRASite(Site):
         self.stage_hw = tuple(int(s) for s in module_call[0][1])
         args, kwargs = mha_call
         names = ('query', 'key', 'value')
-        query, key, value = (kwargs[n] if n in kwargs else args[i]
-                             for i, n in enumerate(names))
+        query, key, value = (kwargs[n] if n in kwargs else args[i] for i, n in enumerate(names))
         if self.mha.batch_first:
             query, key, value = (t.transpose(0, 1) for t in (query, key, value))
         self.query, self.key, self.value = query, key, value  # (L, B, C)
@@ -526,13 +551,13 @@ class SoftmaxSRASite(Site):
         for index in _chunks(len(cells)):
             q_rows = self.query[flat[torch.as_tensor(index)].to(self.query.device)]
             if self.mha.batch_first:
-                q_rows, key, value = (t.transpose(0, 1)
-                                      for t in (q_rows, self.key, self.value))
+                q_rows, key, value = (t.transpose(0, 1) for t in (q_rows, self.key, self.value))
             else:
                 key, value = self.key, self.value
             with torch.no_grad():
-                _, weights = self.mha(q_rows, key, value, need_weights=True,
-                                      average_attn_weights=False)  # (B, h, m, n)
+                _, weights = self.mha(
+                    q_rows, key, value, need_weights=True,
+                    average_attn_weights=False)  # (B, h, m, n)
             yield Rows(index, dict(softmax=weights[0].transpose(0, 1)), key_pos, valid)
 
     def _support(self, valid: np.ndarray) -> int:
@@ -557,8 +582,7 @@ class SoftmaxWindowSite(Site):
         for window in np.unique(windows):
             index = np.nonzero(windows == window)[0]
             key_pos, valid = self._window_keys(int(window))
-            rows = self.attn[int(window)][:, torch.as_tensor(slots[index],
-                                                             device=self.attn.device)]
+            rows = self.attn[int(window)][:, torch.as_tensor(slots[index], device=self.attn.device)]
             yield Rows(index, dict(softmax=rows.transpose(0, 1)), key_pos, valid)
 
     def _support(self, valid: np.ndarray) -> int:
@@ -619,8 +643,7 @@ def collect_pola_sites(backbone: nn.Module, inputs: torch.Tensor) -> List[PolaSi
     recorder.run(backbone, inputs)
     sites = [
         PolaSite(name, stage, block, module, parent, recorder.calls[name],
-                 recorder.calls[name + '/block'])
-        for name, stage, block, module, parent in found
+                 recorder.calls[name + '/block']) for name, stage, block, module, parent in found
     ]
     settle_strides(sites, inputs.shape[-2:])
     return sorted(sites, key=lambda s: (s.stage, s.block))
@@ -676,8 +699,7 @@ def point_cells(points_input: np.ndarray, site: Site) -> np.ndarray:
     return np.minimum(np.maximum(cells, 0), np.array(site.stage_hw) - 1)
 
 
-def sample_cells(site: Site, image_hw: Sequence[int], count: int,
-                 seed: int) -> np.ndarray:
+def sample_cells(site: Site, image_hw: Sequence[int], count: int, seed: int) -> np.ndarray:
     """Up to ``count`` distinct random tokens of the site's grid that lie on the image
     (not on the preprocessor's padding)."""
     rows = min(site.stage_hw[0], -(-image_hw[0] // site.stride))
@@ -701,9 +723,10 @@ def _peak(weights: np.ndarray, site: Site) -> dict:
     heads = weights.reshape(weights.shape[0], -1)
     flat = heads.argmax(-1)
     rows, cols = np.unravel_index(flat, weights.shape[1:])
-    return dict(max_weight=heads.max(-1).tolist(),
-                argmax_xy=[[(c + 0.5) * site.key_cell, (r + 0.5) * site.key_cell]
-                           for r, c in zip(rows, cols)])
+    return dict(
+        max_weight=heads.max(-1).tolist(),
+        argmax_xy=[[(c + 0.5) * site.key_cell, (r + 0.5) * site.key_cell]
+                   for r, c in zip(rows, cols)])
 
 
 # --------------------------------------------------------------------------------------
@@ -711,18 +734,26 @@ def _peak(weights: np.ndarray, site: Site) -> dict:
 def _overlay(ax, image: np.ndarray, heat: np.ndarray, cmap) -> float:
     """The image in grey, the weights in colour over it (0 to the panel's maximum);
     downsampled panels average the weights of the pixels they merge."""
-    ax.imshow(image @ np.array([0.299, 0.587, 0.114]), cmap='gray', vmin=0, vmax=255,
-              interpolation='antialiased')
+    ax.imshow(
+        image @ np.array([0.299, 0.587, 0.114]),
+        cmap='gray',
+        vmin=0,
+        vmax=255,
+        interpolation='antialiased')
     peak = float(heat.max())
-    ax.imshow(heat, cmap=cmap, vmin=0, vmax=peak if peak > 0 else 1, alpha=0.65,
-              interpolation='antialiased')
+    ax.imshow(
+        heat,
+        cmap=cmap,
+        vmin=0,
+        vmax=peak if peak > 0 else 1,
+        alpha=0.65,
+        interpolation='antialiased')
     return peak
 
 
 def draw_block(path: str, site: PolaSite, baseline: Optional[Site], image: np.ndarray,
-               points_input: np.ndarray, points: Sequence[Tuple[float, float]],
-               maps: dict, base_maps: Optional[dict], per_head: bool, random_note: str,
-               dpi: int) -> None:
+               points_input: np.ndarray, points: Sequence[Tuple[float, float]], maps: dict,
+               base_maps: Optional[dict], per_head: bool, random_note: str, dpi: int) -> None:
     """One row per point: both Pola streams (and the baseline's softmax) on the image."""
     panels = []  # (title, source site, maps, stream, head or None)
     for stream in site.streams:
@@ -733,8 +764,8 @@ def draw_block(path: str, site: PolaSite, baseline: Optional[Site], image: np.nd
         panels += [(baseline, base_maps, 'softmax', h) for h in heads]
     rows, cols = len(points_input), len(panels)
     aspect = image.shape[0] / image.shape[1]
-    fig, axes = plt.subplots(rows, cols, figsize=(2.6 * cols, 2.6 * aspect * rows + 0.9),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(2.6 * cols, 2.6 * aspect * rows + 0.9), squeeze=False)
     cmap = plt.get_cmap('inferno')
     for i, (x, y) in enumerate(points_input):
         for j, (src, src_maps, stream, head) in enumerate(panels):
@@ -744,22 +775,26 @@ def draw_block(path: str, site: PolaSite, baseline: Optional[Site], image: np.nd
             heat = _render(grid, src.key_cell, image.shape[:2])
             peak = _overlay(ax, image, heat, cmap)
             if src.window is not None:
-                keys = _render(src_maps['keys'][i].astype(float), src.key_cell,
-                               image.shape[:2])
+                keys = _render(src_maps['keys'][i].astype(float), src.key_cell, image.shape[:2])
                 if 0 < keys.sum() < keys.size:
                     ax.contour(keys, levels=[0.5], colors='cyan', linewidths=0.8)
             ax.plot([x], [y], marker='+', color='lime', markersize=11, mew=2)
-            ax.text(0.02, 0.02, f'max {peak:.3g}', transform=ax.transAxes, fontsize=6,
-                    color='white', va='bottom',
-                    bbox=dict(facecolor='black', alpha=0.5, pad=1, lw=0))
+            ax.text(
+                0.02,
+                0.02,
+                f'max {peak:.3g}',
+                transform=ax.transAxes,
+                fontsize=6,
+                color='white',
+                va='bottom',
+                bbox=dict(facecolor='black', alpha=0.5, pad=1, lw=0))
             ax.set_xticks([])
             ax.set_yticks([])
             if i == 0:
                 if head is not None:
                     which = f'head {head}'
                 else:
-                    which = ('1 head' if src.num_heads == 1 else
-                             f'mean of {src.num_heads} heads')
+                    which = ('1 head' if src.num_heads == 1 else f'mean of {src.num_heads} heads')
                 ax.set_title(f'{STREAM_TITLES[stream]}\n{which}', fontsize=8)
             if j == 0:
                 ax.set_ylabel('point ({:.0f}, {:.0f})'.format(*points[i]), fontsize=8)
@@ -776,52 +811,59 @@ def draw_block(path: str, site: PolaSite, baseline: Optional[Site], image: np.nd
 def draw_entropy(path: str, blocks: List[dict], random_note: str, dpi: int) -> None:
     labels = [f's{b["stage"]}b{b["block"]}' for b in blocks]
     x = np.arange(len(blocks))
-    fig, axes = plt.subplots(2, 1, figsize=(max(6., 0.9 * len(blocks) + 2) + 2, 6),
-                             sharex=True)
+    fig, axes = plt.subplots(2, 1, figsize=(max(6., 0.9 * len(blocks) + 2) + 2, 6), sharex=True)
     variants = [('learned', 'learned p', 'tab:red'), ('p1', 'p = 1', 'tab:blue')]
     has_base = any('baseline' in b for b in blocks)
     width = 0.8 / (len(variants) + has_base)
     for ax, stream in zip(axes, STREAMS):
         for v, (key, label, color) in enumerate(variants):
-            values = [np.array(b['entropy'][stream][key]) / b['entropy']['log_n']
-                      for b in blocks]
-            ax.bar(x + (v - 0.5) * width, [np.nanmean(val) for val in values], width,
-                   color=color, alpha=0.6, label=f'{label} (mean of heads)')
+            values = [np.array(b['entropy'][stream][key]) / b['entropy']['log_n'] for b in blocks]
+            ax.bar(
+                x + (v - 0.5) * width, [np.nanmean(val) for val in values],
+                width,
+                color=color,
+                alpha=0.6,
+                label=f'{label} (mean of heads)')
             for xi, val in zip(x, values):
-                ax.plot(np.full(len(val), xi + (v - 0.5) * width), val, '.',
-                        color=color, markersize=4)
+                ax.plot(
+                    np.full(len(val), xi + (v - 0.5) * width), val, '.', color=color, markersize=4)
         if has_base:
-            pos = [(xi, np.array(b['baseline']['entropy']['softmax']) /
-                    b['baseline']['entropy']['log_n'])
-                   for xi, b in zip(x, blocks) if 'baseline' in b]
+            pos = [
+                (xi,
+                 np.array(b['baseline']['entropy']['softmax']) / b['baseline']['entropy']['log_n'])
+                for xi, b in zip(x, blocks) if 'baseline' in b
+            ]
             ax.bar([p[0] + 1.5 * width for p in pos], [np.nanmean(p[1]) for p in pos],
-                   width, color='tab:gray', alpha=0.6, label='softmax baseline')
+                   width,
+                   color='tab:gray',
+                   alpha=0.6,
+                   label='softmax baseline')
         ax.set_ylim(0, 1.05)
         ax.set_ylabel(f'{STREAM_TITLES[stream]}\nentropy / log n')
         ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.005, 1.0))
     axes[-1].set_xticks(x)
     axes[-1].set_xticklabels(labels, rotation=90 if len(blocks) > 16 else 0)
-    fig.suptitle('Mean attention entropy over sampled queries (dots: heads); an '
-                 'empirical measurement, see docs/method.md section 5\n' + random_note,
-                 fontsize=9)
+    fig.suptitle(
+        'Mean attention entropy over sampled queries (dots: heads); an '
+        'empirical measurement, see docs/method.md section 5\n' + random_note,
+        fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
 
 
-def draw_exponents(path: str, stages: List[dict], alpha: float, random_note: str,
-                   dpi: int) -> None:
-    fig, axes = plt.subplots(1, len(stages), figsize=(3.2 * len(stages), 3),
-                             squeeze=False)
+def draw_exponents(path: str, stages: List[dict], alpha: float, random_note: str, dpi: int) -> None:
+    fig, axes = plt.subplots(1, len(stages), figsize=(3.2 * len(stages), 3), squeeze=False)
     for ax, stage in zip(axes[0], stages):
         hist = stage['histogram']
         edges = np.array(hist['bin_edges'])
-        ax.bar(edges[:-1], hist['counts'], np.diff(edges), align='edge',
-               color='tab:purple')
+        ax.bar(edges[:-1], hist['counts'], np.diff(edges), align='edge', color='tab:purple')
         ax.set_xlim(1, 1 + alpha)
-        ax.set_title(f'stage {stage["stage"]}: {stage["count"]} exponents\n'
-                     f'min {stage["min"]:.3f}  mean {stage["mean"]:.3f}  '
-                     f'max {stage["max"]:.3f}', fontsize=8)
+        ax.set_title(
+            f'stage {stage["stage"]}: {stage["count"]} exponents\n'
+            f'min {stage["min"]:.3f}  mean {stage["mean"]:.3f}  '
+            f'max {stage["max"]:.3f}',
+            fontsize=8)
         ax.set_xlabel('p = 1 + alpha * sigmoid(power)')
     axes[0, 0].set_ylabel('channels (all heads, all L blocks)')
     fig.suptitle('Learned exponents per stage\n' + random_note, fontsize=9)
@@ -860,8 +902,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
     """Run the analysis; returns the paths it wrote (``json``, ``entropy``,
     ``exponents`` and ``blocks``: one PNG per analysed block)."""
     args = parse_args(argv)
-    for path, what in ((args.image, 'image'), (args.config, 'config'),
-                       (args.baseline_config, 'baseline config')):
+    for path, what in ((args.image, 'image'), (args.config, 'config'), (args.baseline_config,
+                                                                        'baseline config')):
         if path is not None and not osp.isfile(path):
             raise FileNotFoundError(f'{what} file not found: {path}')
     points = parse_points(args.points)
@@ -905,8 +947,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
             raise ValueError(f'--stages {args.stages}: no Pola block in these stages')
     baseline_sites = {}
     if base_cfg is not None:
-        base_model = build_model(base_cfg, args.baseline_checkpoint, device, args.seed,
-                                 what='--baseline-checkpoint')
+        base_model = build_model(
+            base_cfg, args.baseline_checkpoint, device, args.seed, what='--baseline-checkpoint')
         for site in collect_softmax_sites(base_model.backbone, prepared.inputs):
             baseline_sites[(site.stage, site.block)] = site
         del base_model
@@ -922,41 +964,62 @@ def main(argv: Optional[List[str]] = None) -> dict:
         maps = site.maps(cells)
         base_maps = base.maps(point_cells(points_input, base)) if base else None
         png = osp.join(args.out_dir, f'attention_s{site.stage}_b{site.block}.png')
-        draw_block(png, site, base, prepared.image, points_input, points, maps,
-                   base_maps, args.per_head, random_note, args.dpi)
+        draw_block(png, site, base, prepared.image, points_input, points, maps, base_maps,
+                   args.per_head, random_note, args.dpi)
         written['blocks'].append(png)
 
         queries = sample_cells(site, image_hw, args.num_queries, args.seed)
         learned = site.entropies(queries)
         p_one = site.entropies(queries, exponent_one=True)
         p = site.exponents()
-        info = dict(name=site.name, stage=site.stage, block=site.block,
-                    **site.describe(), head_dims=int(p.shape[1]), figure=osp.basename(png),
-                    exponents=dict(per_head=p.tolist(), min=float(p.min()),
-                                   mean=float(p.mean()), max=float(p.max())))
+        info = dict(
+            name=site.name,
+            stage=site.stage,
+            block=site.block,
+            **site.describe(),
+            head_dims=int(p.shape[1]),
+            figure=osp.basename(png),
+            exponents=dict(
+                per_head=p.tolist(), min=float(p.min()), mean=float(p.mean()), max=float(p.max())))
         info['entropy'] = dict(
-            num_queries=len(queries), log_n=float(learned['log_n'].mean()),
-            nan_rows={s: int(np.isnan(learned[s]).sum() + np.isnan(p_one[s]).sum())
-                      for s in STREAMS},
-            **{s: dict(learned=_mean_over_queries(learned[s]),
-                       p1=_mean_over_queries(p_one[s])) for s in STREAMS})
+            num_queries=len(queries),
+            log_n=float(learned['log_n'].mean()),
+            nan_rows={
+                s: int(np.isnan(learned[s]).sum() + np.isnan(p_one[s]).sum())
+                for s in STREAMS
+            },
+            **{
+                s: dict(learned=_mean_over_queries(learned[s]), p1=_mean_over_queries(p_one[s]))
+                for s in STREAMS
+            })
         info['points'] = [
-            dict(input_xy=points_input[i].tolist(), query_cell=cells[i].tolist(),
-                 **{s: dict(**_peak(maps[s][i], site),
-                            off_map_weight=maps[f'{s}_off_map'][i].tolist())
-                    for s in STREAMS}) for i in range(len(points))
+            dict(
+                input_xy=points_input[i].tolist(),
+                query_cell=cells[i].tolist(),
+                **{
+                    s: dict(
+                        **_peak(maps[s][i], site), off_map_weight=maps[f'{s}_off_map'][i].tolist())
+                    for s in STREAMS
+                }) for i in range(len(points))
         ]
         if base is not None:
             centres = (queries[:, ::-1] + 0.5) * site.stride  # (x, y) pixels
             base_queries = point_cells(centres, base)
             ent = base.entropies(base_queries)
             info['baseline'] = dict(
-                name=base.name, **base.describe(),
-                entropy=dict(num_queries=len(base_queries), log_n=float(ent['log_n'].mean()),
-                             softmax=_mean_over_queries(ent['softmax'])),
-                points=[dict(query_cell=c, **_peak(base_maps['softmax'][i], base),
-                             off_map_weight=base_maps['softmax_off_map'][i].tolist())
-                        for i, c in enumerate(point_cells(points_input, base).tolist())])
+                name=base.name,
+                **base.describe(),
+                entropy=dict(
+                    num_queries=len(base_queries),
+                    log_n=float(ent['log_n'].mean()),
+                    softmax=_mean_over_queries(ent['softmax'])),
+                points=[
+                    dict(
+                        query_cell=c,
+                        **_peak(base_maps['softmax'][i], base),
+                        off_map_weight=base_maps['softmax_off_map'][i].tolist())
+                    for i, c in enumerate(point_cells(points_input, base).tolist())
+                ])
         site.release()
         blocks.append(info)
 
@@ -966,35 +1029,44 @@ def main(argv: Optional[List[str]] = None) -> dict:
             [np.ravel(b['exponents']['per_head']) for b in blocks if b['stage'] == stage])
         alpha = next(s.alpha for s in sites if s.stage == stage)
         counts, edges = np.histogram(values, bins=40, range=(1, 1 + alpha))
-        stages.append(dict(stage=stage, alpha=alpha, count=int(values.size),
-                           min=float(values.min()), mean=float(values.mean()),
-                           max=float(values.max()),
-                           histogram=dict(bin_edges=edges.tolist(), counts=counts.tolist())))
+        stages.append(
+            dict(
+                stage=stage,
+                alpha=alpha,
+                count=int(values.size),
+                min=float(values.min()),
+                mean=float(values.mean()),
+                max=float(values.max()),
+                histogram=dict(bin_edges=edges.tolist(), counts=counts.tolist())))
 
     written['entropy'] = osp.join(args.out_dir, 'entropy.png')
     draw_entropy(written['entropy'], blocks, random_note, args.dpi)
     written['exponents'] = osp.join(args.out_dir, 'exponents.png')
-    draw_exponents(written['exponents'], stages, max(s.alpha for s in sites), random_note,
-                   args.dpi)
+    draw_exponents(written['exponents'], stages, max(s.alpha for s in sites), random_note, args.dpi)
 
     summary = dict(
-        config=args.config, checkpoint=args.checkpoint,
-        random_weights=args.checkpoint is None, image=args.image,
-        image_shape=list(prepared.ori_hw), input_image_shape=list(image_hw),
+        config=args.config,
+        checkpoint=args.checkpoint,
+        random_weights=args.checkpoint is None,
+        image=args.image,
+        image_shape=list(prepared.ori_hw),
+        input_image_shape=list(image_hw),
         input_shape=list(prepared.inputs.shape[-2:]),
         baseline_config=args.baseline_config,
         baseline_checkpoint=args.baseline_checkpoint,
-        baseline_random_weights=(base_cfg is not None
-                                 and args.baseline_checkpoint is None),
-        points=[dict(image_xy=list(pt), input_xy=pi.tolist())
-                for pt, pi in zip(points, points_input)],
-        seed=args.seed, num_queries=args.num_queries,
+        baseline_random_weights=(base_cfg is not None and args.baseline_checkpoint is None),
+        points=[
+            dict(image_xy=list(pt), input_xy=pi.tolist()) for pt, pi in zip(points, points_input)
+        ],
+        seed=args.seed,
+        num_queries=args.num_queries,
         entropy_note=('mean over sampled query tokens of each row\'s entropy (nats, the '
                       'row renormalised to sum to 1); log_n is the mean log of the number '
                       'of keys a row ranges over. Measured on this image with these '
                       'weights; docs/method.md section 5 explains why the power function '
                       'need not lower it.'),
-        blocks=blocks, stages=stages)
+        blocks=blocks,
+        stages=stages)
     written['json'] = osp.join(args.out_dir, 'attention.json')
     with open(written['json'], 'w') as f:
         json.dump(_json_safe(summary), f, indent=1)

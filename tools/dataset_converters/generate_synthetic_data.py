@@ -20,10 +20,12 @@ def format_summary(summary):
     args = summary['args']
     height, width = args['img_size']
     verb = 'generated' if summary['generated'] else 'already complete, nothing written:'
-    lines = [f"{verb} {summary['root']} in {summary['seconds']:.2f} s "
-             f"({height}x{width}, seed {args['seed']}, max_shapes {args['max_shapes']})",
-             f"classes: {', '.join(summary['classes'])} (seg maps: 0 = background, "
-             f"1..{len(summary['classes'])} = classes)"]
+    lines = [
+        f"{verb} {summary['root']} in {summary['seconds']:.2f} s "
+        f"({height}x{width}, seed {args['seed']}, max_shapes {args['max_shapes']})",
+        f"classes: {', '.join(summary['classes'])} (seg maps: 0 = background, "
+        f"1..{len(summary['classes'])} = classes)"
+    ]
     for split, info in summary['splits'].items():
         per_class = ', '.join(f'{k} {v}' for k, v in info['per_class'].items())
         lines.append(f"{split}: {info['images']} images, {info['instances']} instances "
@@ -37,21 +39,30 @@ def main(argv=None):
     parser.add_argument('--out', default='data/synthetic', help='output folder')
     parser.add_argument('--num-train', type=int, default=SYNTHETIC_DEFAULTS['num_train'])
     parser.add_argument('--num-val', type=int, default=SYNTHETIC_DEFAULTS['num_val'])
-    parser.add_argument('--size', type=int, nargs='+', metavar='H [W]',
-                        default=list(SYNTHETIC_DEFAULTS['img_size']),
-                        help='image height and width (one value: square)')
+    parser.add_argument(
+        '--size',
+        type=int,
+        nargs='+',
+        metavar='H [W]',
+        default=list(SYNTHETIC_DEFAULTS['img_size']),
+        help='image height and width (one value: square)')
     parser.add_argument('--seed', type=int, default=SYNTHETIC_DEFAULTS['seed'])
     parser.add_argument('--max-shapes', type=int, default=SYNTHETIC_DEFAULTS['max_shapes'])
-    parser.add_argument('--overwrite', action='store_true',
-                        help='replace a dataset generated with other arguments')
+    parser.add_argument(
+        '--overwrite', action='store_true', help='replace a dataset generated with other arguments')
     args = parser.parse_args(argv)
     if len(args.size) > 2:
         parser.error('--size takes H or H W')
     size = args.size[0] if len(args.size) == 1 else tuple(args.size)
     try:
         summary = generate_synthetic_dataset(
-            args.out, num_train=args.num_train, num_val=args.num_val, img_size=size,
-            seed=args.seed, max_shapes=args.max_shapes, overwrite=args.overwrite)
+            args.out,
+            num_train=args.num_train,
+            num_val=args.num_val,
+            img_size=size,
+            seed=args.seed,
+            max_shapes=args.max_shapes,
+            overwrite=args.overwrite)
     except (FileExistsError, ValueError) as e:
         print(f'error: {e}', file=sys.stderr)
         return 2

@@ -33,6 +33,8 @@ from typing import List, Optional
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
+# polaformer_mm before anything that imports torchvision: keep this order
+# isort: off
 import polaformer_mm  # noqa: E402,F401  (registers the backbones; before torchvision)
 import mmcv  # noqa: E402
 import numpy as np  # noqa: E402
@@ -41,6 +43,7 @@ from mmengine.config import Config  # noqa: E402
 from mmengine.runner.checkpoint import _load_checkpoint_to_model  # noqa: E402
 from polaformer_mm.utils.checkpoint_io import require_checkpoint, safe_load_scope  # noqa: E402
 from polaformer_mm.engine.entry import load_config, task_of  # noqa: E402
+# isort: on
 
 RANDOM_WEIGHTS_WARNING = (
     'No --weights given: the model keeps its RANDOM initialisation, so the prediction '
@@ -52,13 +55,21 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         description='Detect or segment one image with a polaformer_mm config')
     p.add_argument('image', help='image file')
     p.add_argument('config', help='detection (mmdet) or segmentation (mmseg) config')
-    p.add_argument('--weights', help='checkpoint of the whole model; without it the '
-                   'weights are random (with a warning)')
+    p.add_argument(
+        '--weights',
+        help='checkpoint of the whole model; without it the '
+        'weights are random (with a warning)')
     p.add_argument('--out-dir', default='outputs', help='output folder (default outputs/)')
-    p.add_argument('--device', choices=['cpu', 'cuda'], default=None,
-                   help='default: cuda when available, else cpu')
-    p.add_argument('--score-thr', type=float, default=0.3,
-                   help='detection: keep and draw instances scoring at least this')
+    p.add_argument(
+        '--device',
+        choices=['cpu', 'cuda'],
+        default=None,
+        help='default: cuda when available, else cpu')
+    p.add_argument(
+        '--score-thr',
+        type=float,
+        default=0.3,
+        help='detection: keep and draw instances scoring at least this')
     return p.parse_args(argv)
 
 
@@ -123,8 +134,11 @@ def _jsonable(prediction, scope: str, score_thr: float, classes, image_shape) ->
     out = {'classes': list(classes), 'image_shape': [int(s) for s in image_shape]}
     if scope == 'mmdet':
         keep = [i for i, s in enumerate(prediction['scores']) if s >= score_thr]
-        out.update({k: [v[i] for i in keep] for k, v in prediction.items()
-                    if isinstance(v, list) and len(v) == len(prediction['scores'])})
+        out.update({
+            k: [v[i] for i in keep]
+            for k, v in prediction.items()
+            if isinstance(v, list) and len(v) == len(prediction['scores'])
+        })
     else:
         out['sem_seg'] = np.asarray(prediction).astype(int).tolist()
     return out

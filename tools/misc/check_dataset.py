@@ -16,24 +16,37 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
+# polaformer_mm before anything that imports torchvision: keep this order
+# isort: off
 import polaformer_mm  # noqa: E402,F401  (before torchvision)
 from mmengine.config import DictAction  # noqa: E402
 from polaformer_mm.engine import entry  # noqa: E402
 from polaformer_mm.engine.dataset_check import check_datasets, format_reports  # noqa: E402
+# isort: on
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description='Check the datasets of a polaformer_mm config')
     p.add_argument('config', help='config file (mmdet, mmseg or mmpretrain)')
-    p.add_argument('--cfg-options', nargs='+', action=DictAction,
-                   help='override config keys, e.g. train_dataloader.dataset.data_root=...')
-    p.add_argument('--splits', nargs='+', default=['train', 'val', 'test'],
-                   choices=['train', 'val', 'test'], help='which dataloaders (default: all)')
+    p.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
+        help='override config keys, e.g. train_dataloader.dataset.data_root=...')
+    p.add_argument(
+        '--splits',
+        nargs='+',
+        default=['train', 'val', 'test'],
+        choices=['train', 'val', 'test'],
+        help='which dataloaders (default: all)')
     group = p.add_mutually_exclusive_group()
-    group.add_argument('--seg-sample', type=int, default=64, metavar='N',
-                       help='segmentation maps decoded per dataset (default 64)')
-    group.add_argument('--all-seg-maps', action='store_true',
-                       help='decode every segmentation map')
+    group.add_argument(
+        '--seg-sample',
+        type=int,
+        default=64,
+        metavar='N',
+        help='segmentation maps decoded per dataset (default 64)')
+    group.add_argument('--all-seg-maps', action='store_true', help='decode every segmentation map')
     args = p.parse_args(argv)
     if args.seg_sample < 1:
         p.error('--seg-sample must be >= 1')
@@ -43,8 +56,8 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     cfg = entry.load_config(args.config, args.cfg_options)
-    reports = check_datasets(cfg, seg_sample=None if args.all_seg_maps else args.seg_sample,
-                             splits=args.splits)
+    reports = check_datasets(
+        cfg, seg_sample=None if args.all_seg_maps else args.seg_sample, splits=args.splits)
     print(format_reports(reports, title=args.config))
     return 1 if any(r.errors for r in reports) else 0
 

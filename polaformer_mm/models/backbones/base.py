@@ -1,6 +1,5 @@
 """What PolaPVT and PolaSwin share: argument checks, stage freezing, the forward
 over stages, weight init and loading of official or converted checkpoints."""
-import math
 import warnings
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -72,8 +71,9 @@ class PolaBackboneBase(BaseModule):
             if init_cfg is not None:
                 raise ValueError(f'{type(self).__name__}: set init_cfg or pretrained, '
                                  'not both')
-            warnings.warn('pretrained is deprecated, use init_cfg=dict('
-                          "type='Pretrained', checkpoint=...)", DeprecationWarning)
+            warnings.warn(
+                'pretrained is deprecated, use init_cfg=dict('
+                "type='Pretrained', checkpoint=...)", DeprecationWarning)
             init_cfg = dict(type='Pretrained', checkpoint=pretrained)
         super().__init__(init_cfg=init_cfg)
 
@@ -113,24 +113,21 @@ class PolaBackboneBase(BaseModule):
         grids = [tuple(s // 2**i for s in grid) for i in range(num_stages)]
         if min(grids[-1]) < 1:
             smallest = patch_size * 2**(num_stages - 1)
-            raise ValueError(
-                f'pretrain_img_size={tuple(pretrain_img_size)} is too small for '
-                f'patch_size={patch_size} and {num_stages} stages: stage '
-                f'{num_stages - 1} would have a {grids[-1]} grid (needs >= '
-                f'{smallest} per side)')
+            raise ValueError(f'pretrain_img_size={tuple(pretrain_img_size)} is too small for '
+                             f'patch_size={patch_size} and {num_stages} stages: stage '
+                             f'{num_stages - 1} would have a {grids[-1]} grid (needs >= '
+                             f'{smallest} per side)')
         return grids
 
-    def _setup_stages(self, num_stages: int, attn_types: str,
-                      out_indices: Sequence[int], frozen_stages: int,
-                      norm_eval: bool, with_cp: bool) -> None:
+    def _setup_stages(self, num_stages: int, attn_types: str, out_indices: Sequence[int],
+                      frozen_stages: int, norm_eval: bool, with_cp: bool) -> None:
         """Validate and store the per-stage options both backbones take."""
         attn_types = str(attn_types).upper()
         if len(attn_types) != num_stages or set(attn_types) - set('LS'):
             raise ValueError(f"attn_types must be {num_stages} letters of 'L'/'S', "
                              f'got {attn_types!r}')
         out_indices = tuple(int(i) for i in out_indices)
-        if not out_indices or any(i < 0 or i >= num_stages
-                                  for i in out_indices):
+        if not out_indices or any(i < 0 or i >= num_stages for i in out_indices):
             raise ValueError(f'out_indices must name stages in '
                              f'0..{num_stages - 1}, got {out_indices}')
         if not -1 <= frozen_stages <= num_stages:
@@ -230,21 +227,16 @@ class PolaBackboneBase(BaseModule):
             for k, v in state_dict.items() if k in own and v.shape != own[k].shape
         ]
         if mismatched:
-            raise ValueError(
-                f'{source!r} does not fit this {name}: {len(mismatched)} shape '
-                f'mismatches, e.g. {mismatched[:5]}. Check arch, attn_types, '
-                'la_sr_ratios, kernel_size and pretrain_img_size.')
+            raise ValueError(f'{source!r} does not fit this {name}: {len(mismatched)} shape '
+                             f'mismatches, e.g. {mismatched[:5]}. Check arch, attn_types, '
+                             'la_sr_ratios, kernel_size and pretrain_img_size.')
         missing = [k for k in own if k not in state_dict and not self._optional_key(k)]
-        unexpected = [
-            k for k in state_dict if k not in own and not self._optional_key(k)
-        ]
+        unexpected = [k for k in state_dict if k not in own and not self._optional_key(k)]
         if missing or unexpected:
-            raise KeyError(
-                f'{source!r} does not fit this {name}: missing keys {missing[:8]} '
-                f'({len(missing)} in all), unexpected keys {unexpected[:8]} '
-                f'({len(unexpected)} in all). Check arch and attn_types.')
-        self.load_state_dict(
-            {k: v for k, v in state_dict.items() if k in own}, strict=False)
+            raise KeyError(f'{source!r} does not fit this {name}: missing keys {missing[:8]} '
+                           f'({len(missing)} in all), unexpected keys {unexpected[:8]} '
+                           f'({len(unexpected)} in all). Check arch and attn_types.')
+        self.load_state_dict({k: v for k, v in state_dict.items() if k in own}, strict=False)
         kept = [k for k in own if k not in state_dict]
         logger = MMLogger.get_current_instance()
         logger.info(f'{name}: loaded {len(own) - len(kept)} tensors from {source}'

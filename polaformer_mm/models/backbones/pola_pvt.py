@@ -1,5 +1,5 @@
 """Pola-PVT: PVT v1 with polarity-aware linear attention, at any input size."""
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -10,12 +10,9 @@ from mmengine.registry import MODELS
 from mmengine.utils import to_2tuple
 from torch import Tensor
 
-from ..attention import (PolaLinearAttention, SpatialReductionAttention,
-                         StagePositionalEncodings)
-from ..utils import (Mlp, PatchEmbed, drop_path_rates, nlc_to_nchw,
-                     resize_token_grid, run_blocks)
-from .base import (PolaBackboneBase, check_positive_int, check_probability,
-                   check_stage_list)
+from ..attention import PolaLinearAttention, SpatialReductionAttention, StagePositionalEncodings
+from ..utils import Mlp, PatchEmbed, drop_path_rates, nlc_to_nchw, resize_token_grid, run_blocks
+from .base import PolaBackboneBase, check_positive_int, check_probability, check_stage_list
 
 
 class PVTBlock(BaseModule):
@@ -93,10 +90,11 @@ class PVTBlock(BaseModule):
             raise ValueError(f"attn_type must be 'L' or 'S', got {attn_type!r}")
         self.drop_path = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
         self.norm2 = build_norm_layer(norm_cfg, embed_dims)[1]
-        self.mlp = Mlp(embed_dims, int(embed_dims * mlp_ratio), drop=drop_rate,
-                       act_cfg=act_cfg)
+        self.mlp = Mlp(embed_dims, int(embed_dims * mlp_ratio), drop=drop_rate, act_cfg=act_cfg)
 
-    def forward(self, x: Tensor, hw_shape: Sequence[int],
+    def forward(self,
+                x: Tensor,
+                hw_shape: Sequence[int],
                 pos_encoding: Optional[Tensor] = None) -> Tensor:
         """``pos_encoding``: an 'L' block's positional encoding already resized to
         the key grid (see :meth:`PVTStage.forward`); None resizes it here."""
@@ -149,21 +147,22 @@ class PVTStage(BaseModule):
         self.pos_grid = tuple(pos_grid)
         self.with_cp = with_cp
         self.patch_embed = PatchEmbed(in_channels, embed_dims, patch_size)
-        self.pos_embed = nn.Parameter(
-            torch.zeros(1, pos_grid[0] * pos_grid[1], embed_dims))
+        self.pos_embed = nn.Parameter(torch.zeros(1, pos_grid[0] * pos_grid[1], embed_dims))
         self.pos_drop = nn.Dropout(drop_rate)
         drop_path_rates = drop_path_rates or [0.] * depth
         self.blocks = nn.ModuleList(
-            PVTBlock(embed_dims, pos_grid=pos_grid, drop_rate=drop_rate,
-                     drop_path_rate=drop_path_rates[j], **block_cfg)
-            for j in range(depth))
+            PVTBlock(
+                embed_dims,
+                pos_grid=pos_grid,
+                drop_rate=drop_rate,
+                drop_path_rate=drop_path_rates[j],
+                **block_cfg) for j in range(depth))
         self._pos_encodings = StagePositionalEncodings()
 
     def forward(self, x: Tensor) -> Tuple[Tensor, Tuple[int, int]]:
         """The stage's tokens and grid for the map ``x`` (see the class docstring)."""
         x, hw_shape = self.patch_embed(x)
-        pos = resize_token_grid(self.pos_embed, self.pos_grid, hw_shape,
-                                mode='bilinear')
+        pos = resize_token_grid(self.pos_embed, self.pos_grid, hw_shape, mode='bilinear')
         x = self.pos_drop(x + pos)
         encodings = self._pos_encodings([b.attn for b in self.blocks], hw_shape)
         x = run_blocks(self.blocks, x, hw_shape, self.with_cp, encodings)
@@ -258,8 +257,7 @@ class PolaPVT(PolaBackboneBase):
         super().__init__(init_cfg=init_cfg, pretrained=pretrained)
         arch = self._parse_arch(arch)
         num_stages = len(arch['depths'])
-        self._setup_stages(num_stages, attn_types, out_indices, frozen_stages,
-                           norm_eval, with_cp)
+        self._setup_stages(num_stages, attn_types, out_indices, frozen_stages, norm_eval, with_cp)
         la_sr_ratios = check_stage_list('la_sr_ratios', la_sr_ratios, num_stages)
         for name in ('embed_dims', 'num_heads', 'sr_ratios'):
             check_stage_list(f'arch {name}', arch[name], num_stages)
@@ -277,10 +275,9 @@ class PolaPVT(PolaBackboneBase):
         grids = self._stage_grids(pretrain_img_size, patch_size, num_stages)
         for i in range(num_stages):
             if attn_types[i] == 'L' and min(grids[i]) < la_sr_ratios[i]:
-                raise ValueError(
-                    f'la_sr_ratios[{i}]={la_sr_ratios[i]} exceeds stage {i}\'s grid '
-                    f'{grids[i]} at pretrain_img_size={pretrain_img_size}: its '
-                    'positional encoding would have no tokens')
+                raise ValueError(f'la_sr_ratios[{i}]={la_sr_ratios[i]} exceeds stage {i}\'s grid '
+                                 f'{grids[i]} at pretrain_img_size={pretrain_img_size}: its '
+                                 'positional encoding would have no tokens')
         self.arch = arch
         self.la_sr_ratios = tuple(la_sr_ratios)
         self.num_features = list(arch['embed_dims'])

@@ -15,26 +15,22 @@ from torch import Tensor
 
 from ..attention import PolaLinearAttention, StagePositionalEncodings, WindowMSA
 from ..utils import Mlp, PatchEmbed, drop_path_rates, run_blocks
-from .base import (PolaBackboneBase, check_positive_int, check_probability,
-                   check_stage_list)
+from .base import PolaBackboneBase, check_positive_int, check_probability, check_stage_list
 
 
 def window_partition(x: torch.Tensor, window_size: int) -> torch.Tensor:
     """(B, Hp, Wp, ...) -> (B * nW, window_size**2, ...), windows in row-major order."""
     B, Hp, Wp = x.shape[:3]
     rest = x.shape[3:]
-    x = x.view(B, Hp // window_size, window_size, Wp // window_size, window_size,
-               *rest)
+    x = x.view(B, Hp // window_size, window_size, Wp // window_size, window_size, *rest)
     x = x.transpose(2, 3)
     return x.reshape(-1, window_size * window_size, *rest)
 
 
-def window_reverse(windows: torch.Tensor, window_size: int, Hp: int,
-                   Wp: int) -> torch.Tensor:
+def window_reverse(windows: torch.Tensor, window_size: int, Hp: int, Wp: int) -> torch.Tensor:
     """(B * nW, window_size**2, C) -> (B, Hp, Wp, C), the inverse of window_partition."""
     C = windows.shape[-1]
-    x = windows.view(-1, Hp // window_size, Wp // window_size, window_size,
-                     window_size, C)
+    x = windows.view(-1, Hp // window_size, Wp // window_size, window_size, window_size, C)
     return x.transpose(2, 3).reshape(-1, Hp, Wp, C)
 
 
@@ -75,8 +71,7 @@ def _window_regions(H: int, W: int, window_size: int, shift: int):
 
 
 @lru_cache(maxsize=64)
-def _window_mask(H: int, W: int, window_size: int, shift: int,
-                 device: torch.device):
+def _window_mask(H: int, W: int, window_size: int, shift: int, device: torch.device):
     """Additive (nW, T, T) mask of the softmax windows: -100 between tokens of
     different shift regions, and between real and padded tokens. None when nothing
     is masked."""
@@ -88,8 +83,7 @@ def _window_mask(H: int, W: int, window_size: int, shift: int,
 
 
 @lru_cache(maxsize=64)
-def _window_padding(H: int, W: int, window_size: int, shift: int,
-                    device: torch.device):
+def _window_padding(H: int, W: int, window_size: int, shift: int, device: torch.device):
     """(nW, T) bool, True at tokens added by padding; None without padding. The
     linear windows ignore the shift regions, as the official code does."""
     if (_padded_size(H, window_size), _padded_size(W, window_size)) == (H, W):
@@ -183,8 +177,7 @@ class SwinBlock(BaseModule):
                 proj_drop=drop_rate)
         self.drop_path = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
         self.norm2 = build_norm_layer(norm_cfg, embed_dims)[1]
-        self.mlp = Mlp(embed_dims, int(embed_dims * mlp_ratio), drop=drop_rate,
-                       act_cfg=act_cfg)
+        self.mlp = Mlp(embed_dims, int(embed_dims * mlp_ratio), drop=drop_rate, act_cfg=act_cfg)
 
     def _window_attention(self, x: Tensor, hw_shape: Sequence[int]) -> Tensor:
         H, W = hw_shape
@@ -213,7 +206,9 @@ class SwinBlock(BaseModule):
             x = torch.roll(x, (shift, shift), dims=(1, 2))
         return x[:, :H, :W].reshape(B, N, C)
 
-    def forward(self, x: Tensor, hw_shape: Sequence[int],
+    def forward(self,
+                x: Tensor,
+                hw_shape: Sequence[int],
                 pos_encoding: Optional[Tensor] = None) -> Tensor:
         """The block on tokens (B, H*W, C) (see the class docstring)."""
         y = self.norm1(x)
@@ -249,17 +244,15 @@ class PatchMerging(BaseModule):
         self.norm = build_norm_layer(norm_cfg, 4 * in_dims)[1]
         self.reduction = nn.Linear(4 * in_dims, out_dims, bias=False)
 
-    def forward(self, x: Tensor,
-                hw_shape: Sequence[int]) -> Tuple[Tensor, Tuple[int, int]]:
+    def forward(self, x: Tensor, hw_shape: Sequence[int]) -> Tuple[Tensor, Tuple[int, int]]:
         """Merged tokens and their grid (see the class docstring)."""
         H, W = hw_shape
         B, N, C = x.shape
         x = x.view(B, H, W, C)
         if H % 2 or W % 2:
             x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))
-        x = torch.cat([
-            x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]
-        ], dim=-1)
+        x = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]],
+                      dim=-1)
         hw_shape = (x.shape[1], x.shape[2])
         x = x.reshape(B, -1, 4 * C)
         return self.reduction(self.norm(x)), hw_shape
@@ -302,21 +295,22 @@ class SwinStage(BaseModule):
         self.with_cp = with_cp
         drop_path_rates = drop_path_rates or [0.] * depth
         self.blocks = nn.ModuleList(
-            SwinBlock(embed_dims, shifted=j % 2 == 1,
-                      drop_path_rate=drop_path_rates[j], norm_cfg=norm_cfg,
-                      **block_cfg) for j in range(depth))
+            SwinBlock(
+                embed_dims,
+                shifted=j % 2 == 1,
+                drop_path_rate=drop_path_rates[j],
+                norm_cfg=norm_cfg,
+                **block_cfg) for j in range(depth))
         self.downsample = (
-            PatchMerging(embed_dims, 2 * embed_dims, norm_cfg=norm_cfg)
-            if downsample else None)
+            PatchMerging(embed_dims, 2 * embed_dims, norm_cfg=norm_cfg) if downsample else None)
         self._pos_encodings = StagePositionalEncodings()
 
-    def forward(self, x: Tensor, hw_shape: Sequence[int]
-                ) -> Tuple[Tensor, Tuple[int, int], Tensor, Tuple[int, int]]:
+    def forward(self, x: Tensor,
+                hw_shape: Sequence[int]) -> Tuple[Tensor, Tuple[int, int], Tensor, Tuple[int, int]]:
         """The stage's output and grid, and the downsampled ones (see the class
         docstring)."""
         global_blocks = [
-            b.attn if b.uses_pola and b.window_size is None else None
-            for b in self.blocks
+            b.attn if b.uses_pola and b.window_size is None else None for b in self.blocks
         ]
         encodings = self._pos_encodings(global_blocks, hw_shape)
         x = run_blocks(self.blocks, x, hw_shape, self.with_cp, encodings)
@@ -392,14 +386,11 @@ class PolaSwin(PolaBackboneBase):
     family = 'swin'
     arch_zoo: Dict[str, dict] = {
         **dict.fromkeys(['t', 'tiny'],
-                        dict(embed_dims=96, depths=[2, 2, 6, 2],
-                             num_heads=[3, 6, 12, 24])),
+                        dict(embed_dims=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24])),
         **dict.fromkeys(['s', 'small'],
-                        dict(embed_dims=96, depths=[2, 2, 18, 2],
-                             num_heads=[3, 6, 12, 24])),
+                        dict(embed_dims=96, depths=[2, 2, 18, 2], num_heads=[3, 6, 12, 24])),
         **dict.fromkeys(['b', 'base'],
-                        dict(embed_dims=128, depths=[2, 2, 18, 2],
-                             num_heads=[4, 8, 16, 32])),
+                        dict(embed_dims=128, depths=[2, 2, 18, 2], num_heads=[4, 8, 16, 32])),
     }
     _arch_keys = ('embed_dims', 'depths', 'num_heads')
 
@@ -430,15 +421,13 @@ class PolaSwin(PolaBackboneBase):
         arch = self._parse_arch(arch)
         depths, num_heads = arch['depths'], arch['num_heads']
         num_stages = len(depths)
-        self._setup_stages(num_stages, attn_types, out_indices, frozen_stages,
-                           norm_eval, with_cp)
+        self._setup_stages(num_stages, attn_types, out_indices, frozen_stages, norm_eval, with_cp)
         attn_types = self.attn_types
         check_positive_int('arch embed_dims', arch['embed_dims'])
         check_stage_list('arch num_heads', num_heads, num_stages)
         check_positive_int('window_size', window_size)
         if linear_window_size is not None:
-            linear_window_size = check_positive_int('linear_window_size',
-                                                    linear_window_size)
+            linear_window_size = check_positive_int('linear_window_size', linear_window_size)
         check_positive_int('patch_size', patch_size)
         check_positive_int('in_channels', in_channels)
         if not mlp_ratio > 0:
@@ -451,8 +440,8 @@ class PolaSwin(PolaBackboneBase):
         self.arch = arch
         self.linear_window_size = linear_window_size
 
-        self.patch_embed = PatchEmbed(in_channels, arch['embed_dims'], patch_size,
-                                      norm_cfg=norm_cfg)
+        self.patch_embed = PatchEmbed(
+            in_channels, arch['embed_dims'], patch_size, norm_cfg=norm_cfg)
         self.drop_after_pos = nn.Dropout(drop_rate)
         dpr = drop_path_rates(drop_path_rate, depths)
         dims = arch['embed_dims']
@@ -487,8 +476,7 @@ class PolaSwin(PolaBackboneBase):
             self.num_features.append(dims)
             dims *= 2
         for i in self.out_indices:
-            self.add_module(f'norm{i}',
-                            build_norm_layer(norm_cfg, self.num_features[i])[1])
+            self.add_module(f'norm{i}', build_norm_layer(norm_cfg, self.num_features[i])[1])
         self._freeze_stages()  # before any optimizer sees the parameters
 
     def _frozen_modules(self) -> Iterator[nn.Module]:
