@@ -10,7 +10,6 @@
 Each test also has a CPU case: float32 at a small size, so the code runs everywhere;
 the CUDA cases are marked ``cuda`` and skipped where torch sees no GPU.
 """
-import inspect
 import math
 
 import pytest
@@ -30,8 +29,6 @@ FULL = (800, 1333)
 ODD = (333, 517)
 CPU_SMALL = (37, 45)
 CPU_ODD = (61, 83)
-
-SWIN_HAS_LINEAR_WINDOW = 'linear_window_size' in inspect.signature(PolaSwin.__init__).parameters
 
 
 def _expected_shapes(model, batch, hw):
@@ -118,8 +115,7 @@ def test_arch_forward_backward_autocast(device, name, arch, amp):
 def _stage_cases():
     kinds = [('PolaPVT', 'LLSS', {}), ('PolaPVT', 'SSLL', {})]
     # both window forms of the 'L' stages: windows of 56x56 tokens and the whole map
-    swin_forms = ([dict(
-        linear_window_size=56), dict(linear_window_size=None)] if SWIN_HAS_LINEAR_WINDOW else [{}])
+    swin_forms = [dict(linear_window_size=56), dict(linear_window_size=None)]
     for attn_types in ('LLSS', 'SSLL'):
         for extra in swin_forms:
             kinds.append(('PolaSwin', attn_types, extra))
