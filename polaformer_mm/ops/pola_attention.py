@@ -478,7 +478,7 @@ def pola_linear_attention_naive(q: Tensor,
         Tensor: (B, h, N, d), laid out as :func:`pola_linear_attention`'s.
     """
     alpha = _check_inputs(q, k, v, power, alpha, eps)
-    p = 1 + alpha * torch.sigmoid(power)
+    p = pola_exponent(power, alpha)
     q_pos = torch.relu(q)**p
     q_neg = torch.relu(-q)**p
     k_pos = torch.relu(k)**p
