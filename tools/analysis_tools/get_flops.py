@@ -82,7 +82,22 @@ def baddbmm_flop_jit(inputs, outputs):
     return bmm_flop_jit(inputs[1:3], outputs)
 
 
+def pola_attention_flop_jit(inputs, outputs):
+    """polaformer_mm's attention op (an autograd Function, traced as one PythonOp):
+    q (B, h, N, d), k (B, h, n, d). Its two products, as multiply-adds: the key summary
+    [k+, k-]^T v (2d x n times n x d) and [q+, q-] (N x 2d) times the (2d x (d + 2))
+    summary."""
+    q, k = get_shape(inputs[0]), get_shape(inputs[1])
+    *batch, N, d = q
+    n = k[-2]
+    count = 1
+    for size in batch:
+        count *= size
+    return count * (2 * d * n * d + N * 2 * d * (d + 2))
+
+
 EXTRA_FLOP_OPS = {
+    'prim::PythonOp._PolaAttentionFunction': pola_attention_flop_jit,
     'aten::scaled_dot_product_attention': sdpa_flop_jit,
     'aten::baddbmm': baddbmm_flop_jit,
     'aten::upsample_bicubic2d': elementwise_flop_counter(0, 16),
