@@ -24,18 +24,21 @@ import time
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
+# isort: off
 import polaformer_mm  # noqa: E402,F401  (before torchvision)
 from mmengine.config import DictAction  # noqa: E402
 from polaformer_mm.datasets import generate_synthetic_dataset  # noqa: E402
 from polaformer_mm.engine import entry  # noqa: E402
+# isort: on
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 TASKS = {
-    'det': dict(config='configs/quickstart/mask-rcnn_pola-pvt-t_fpn_synthetic.py',
-                metrics=('coco/bbox_mAP', 'coco/bbox_mAP_50', 'coco/segm_mAP',
-                         'coco/segm_mAP_50')),
-    'seg': dict(config='configs/quickstart/fpn_pola-pvt-t_synthetic-seg.py',
-                metrics=('mIoU', 'aAcc')),
+    'det':
+    dict(
+        config='configs/quickstart/mask-rcnn_pola-pvt-t_fpn_synthetic.py',
+        metrics=('coco/bbox_mAP', 'coco/bbox_mAP_50', 'coco/segm_mAP', 'coco/segm_mAP_50')),
+    'seg':
+    dict(config='configs/quickstart/fpn_pola-pvt-t_synthetic-seg.py', metrics=('mIoU', 'aAcc')),
 }
 
 
@@ -44,8 +47,11 @@ def parse_args(argv=None):
     p.add_argument('--data-root', default='data/synthetic')
     p.add_argument('--work-dir', default='work_dirs/quickstart')
     p.add_argument('--tasks', nargs='+', choices=sorted(TASKS), default=['det', 'seg'])
-    p.add_argument('--cfg-options', nargs='+', action=DictAction,
-                   help='overrides applied to every task config')
+    p.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
+        help='overrides applied to every task config')
     return p.parse_args(argv)
 
 
@@ -69,8 +75,10 @@ def _config(task, data_root, phase, cfg_options):
 
 
 def _metrics(task, result):
-    return {k.split('/')[-1] if task == 'seg' else k: float(result[k])
-            for k in TASKS[task]['metrics'] if k in result}
+    return {
+        k.split('/')[-1] if task == 'seg' else k: float(result[k])
+        for k in TASKS[task]['metrics'] if k in result
+    }
 
 
 def run_task(task, args):
@@ -96,12 +104,15 @@ def run_task(task, args):
     # 4. evaluate the trained checkpoint, drawing predictions
     cfg, path = _config(task, args.data_root, 'test', args.cfg_options)
     show_dir = osp.abspath(osp.join(wd, 'predictions'))
-    entry.prepare_test_config(cfg, path, ckpt, work_dir=osp.join(wd, 'test'),
-                              show_dir=show_dir)
+    entry.prepare_test_config(cfg, path, ckpt, work_dir=osp.join(wd, 'test'), show_dir=show_dir)
     trained = entry.build_runner(cfg).test()
-    return dict(config=TASKS[task]['config'], checkpoint=ckpt, train_seconds=round(train_s, 1),
-                untrained=_metrics(task, untrained), trained=_metrics(task, trained),
-                predictions=show_dir)
+    return dict(
+        config=TASKS[task]['config'],
+        checkpoint=ckpt,
+        train_seconds=round(train_s, 1),
+        untrained=_metrics(task, untrained),
+        trained=_metrics(task, trained),
+        predictions=show_dir)
 
 
 def _last_checkpoint(train_dir):

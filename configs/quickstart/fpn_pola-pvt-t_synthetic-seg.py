@@ -8,8 +8,9 @@ _base_ = ['mmseg::sem_fpn/fpn_r50_4xb4-160k_ade20k-512x512.py']
 custom_imports = dict(imports=['polaformer_mm'], allow_failed_imports=False)
 
 data_root = 'data/synthetic/'
-metainfo = dict(classes=('background', 'circle', 'square', 'triangle'),
-                palette=[(0, 0, 0), (220, 20, 60), (0, 130, 255), (255, 190, 0)])
+metainfo = dict(
+    classes=('background', 'circle', 'square', 'triangle'),
+    palette=[(0, 0, 0), (220, 20, 60), (0, 130, 255), (255, 190, 0)])
 num_classes = 4
 crop_size = (128, 128)
 norm_cfg = dict(type='BN', requires_grad=True)  # one process; the runner reverts SyncBN anyway
@@ -26,8 +27,8 @@ model = dict(
         out_indices=(0, 1, 2, 3),
         init_cfg=None),  # from scratch: no ImageNet weights are needed
     neck=dict(in_channels=[64, 128, 320, 512], out_channels=128),
-    decode_head=dict(in_channels=[128, 128, 128, 128], channels=64, num_classes=num_classes,
-                     norm_cfg=norm_cfg))
+    decode_head=dict(
+        in_channels=[128, 128, 128, 128], channels=64, num_classes=num_classes, norm_cfg=norm_cfg))
 
 train_pipeline = [
     dict(type='LoadImageFromFile'),
@@ -83,6 +84,5 @@ param_scheduler = [
     dict(type='PolyLR', eta_min=0., power=0.9, begin=50, end=max_iters, by_epoch=False),
 ]
 default_hooks = dict(
-    logger=dict(interval=25),
-    checkpoint=dict(by_epoch=False, interval=max_iters, max_keep_ckpts=1))
+    logger=dict(interval=25), checkpoint=dict(by_epoch=False, interval=max_iters, max_keep_ckpts=1))
 randomness = dict(seed=0)

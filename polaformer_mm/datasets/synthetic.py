@@ -44,17 +44,15 @@ import numpy as np
 from pycocotools import mask as mask_utils
 
 __all__ = [
-    'SYNTHETIC_CLASSES', 'SYNTHETIC_PALETTE', 'SYNTHETIC_SEG_CLASSES',
-    'SYNTHETIC_SEG_PALETTE', 'SYNTHETIC_DEFAULTS', 'SYNTHETIC_GENERATOR_VERSION',
-    'generate_synthetic_dataset'
+    'SYNTHETIC_CLASSES', 'SYNTHETIC_PALETTE', 'SYNTHETIC_SEG_CLASSES', 'SYNTHETIC_SEG_PALETTE',
+    'SYNTHETIC_DEFAULTS', 'SYNTHETIC_GENERATOR_VERSION', 'generate_synthetic_dataset'
 ]
 
 SYNTHETIC_CLASSES = ('circle', 'square', 'triangle')
 SYNTHETIC_PALETTE = ((220, 20, 60), (0, 130, 255), (255, 190, 0))
 SYNTHETIC_SEG_CLASSES = ('background', ) + SYNTHETIC_CLASSES
 SYNTHETIC_SEG_PALETTE = ((0, 0, 0), ) + SYNTHETIC_PALETTE
-SYNTHETIC_DEFAULTS = dict(num_train=300, num_val=50, img_size=(128, 128), seed=0,
-                          max_shapes=4)
+SYNTHETIC_DEFAULTS = dict(num_train=300, num_val=50, img_size=(128, 128), seed=0, max_shapes=4)
 # Bump whenever the same arguments would produce different files.
 SYNTHETIC_GENERATOR_VERSION = 2
 
@@ -89,8 +87,12 @@ def _check_args(num_train, num_val, img_size, seed, max_shapes):
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool) \
                 or value < low:
             raise ValueError(f'{name} must be an int >= {low}, got {value!r}')
-    return dict(num_train=int(num_train), num_val=int(num_val), img_size=[height, width],
-                seed=int(seed), max_shapes=int(max_shapes))
+    return dict(
+        num_train=int(num_train),
+        num_val=int(num_val),
+        img_size=[height, width],
+        seed=int(seed),
+        max_shapes=int(max_shapes))
 
 
 # ----------------------------------------------------------------------------- textures
@@ -170,8 +172,8 @@ def _draw_shape(label, outline, center, diameter, height, width):
     mask = np.zeros((height, width), np.uint8)
     shift = 4  # sub-pixel positions
     if label == 0:
-        cv2.circle(mask, tuple(int(round(v * 16)) for v in center),
-                   int(round(diameter / 2 * 16)), 1, -1, cv2.LINE_8, shift)
+        cv2.circle(mask, tuple(int(round(v * 16)) for v in center), int(round(diameter / 2 * 16)),
+                   1, -1, cv2.LINE_8, shift)
     else:
         pts = np.round((outline + center) * 16).astype(np.int32)
         cv2.fillPoly(mask, [pts], 1, cv2.LINE_8, shift)
@@ -199,8 +201,7 @@ def _sample_shape(rng, label, height, width):
 
 
 def _has_hole(mask):
-    _, hierarchy = cv2.findContours(mask.astype(np.uint8), cv2.RETR_CCOMP,
-                                    cv2.CHAIN_APPROX_SIMPLE)
+    _, hierarchy = cv2.findContours(mask.astype(np.uint8), cv2.RETR_CCOMP, cv2.CHAIN_APPROX_SIMPLE)
     return hierarchy is not None and bool(np.any(hierarchy[0][:, 3] >= 0))
 
 
@@ -289,10 +290,15 @@ def _make_image(rng, height, width, max_shapes):
         labels[mask] = shape['label'] + 1
         ys, xs = np.nonzero(mask)
         x0, y0 = int(xs.min()), int(ys.min())
-        instances.append(dict(
-            category_id=shape['label'] + 1, segmentation=polygons, area=area,
-            bbox=[x0, y0, int(xs.max()) - x0 + 1, int(ys.max()) - y0 + 1], iscrowd=0,
-            occluded=bool(area < shape['full'].sum())))
+        instances.append(
+            dict(
+                category_id=shape['label'] + 1,
+                segmentation=polygons,
+                area=area,
+                bbox=[x0, y0, int(xs.max()) - x0 + 1,
+                      int(ys.max()) - y0 + 1],
+                iscrowd=0,
+                occluded=bool(area < shape['full'].sum())))
     canvas += rng.normal(0, rng.uniform(2, 8), canvas.shape).astype(np.float32)
     image = np.clip(np.round(canvas), 0, 255).astype(np.uint8)
     return image, labels, instances
@@ -302,8 +308,8 @@ def _make_image(rng, height, width, max_shapes):
 def _split_files(root, split, count):
     for index in range(count):
         name = f'{index:06d}'
-        yield (osp.join(root, 'images', split, name + '.jpg'),
-               osp.join(root, 'seg_maps', split, name + '.png'))
+        yield (osp.join(root, 'images', split,
+                        name + '.jpg'), osp.join(root, 'seg_maps', split, name + '.png'))
 
 
 def _is_complete(root, meta):
@@ -334,28 +340,38 @@ def _generate_split(root, split, split_id, args):
     for index, (img_path, seg_path) in enumerate(_split_files(root, split, args[f'num_{split}'])):
         rng = np.random.default_rng([args['seed'], split_id, index])
         image, labels, instances = _make_image(rng, height, width, args['max_shapes'])
-        _write(img_path, cv2.imwrite(img_path, cv2.cvtColor(image, cv2.COLOR_RGB2BGR),
-                                     [cv2.IMWRITE_JPEG_QUALITY, _JPEG_QUALITY]))
+        _write(
+            img_path,
+            cv2.imwrite(img_path, cv2.cvtColor(image, cv2.COLOR_RGB2BGR),
+                        [cv2.IMWRITE_JPEG_QUALITY, _JPEG_QUALITY]))
         _write(seg_path, cv2.imwrite(seg_path, labels))
         image_id = index + 1
-        images.append(dict(id=image_id, file_name=osp.basename(img_path), height=height,
-                           width=width))
+        images.append(
+            dict(id=image_id, file_name=osp.basename(img_path), height=height, width=width))
         for inst in instances:
             occluded += inst.pop('occluded')
             per_class[SYNTHETIC_CLASSES[inst['category_id'] - 1]] += 1
             annotations.append(dict(id=len(annotations) + 1, image_id=image_id, **inst))
     ann_file = f'annotations/instances_{split}.json'
     coco = dict(
-        info=dict(description='polaformer_mm synthetic shapes', version=str(
-            SYNTHETIC_GENERATOR_VERSION)),
-        images=images, annotations=annotations,
-        categories=[dict(id=i + 1, name=name, supercategory='shape')
-                    for i, name in enumerate(SYNTHETIC_CLASSES)])
+        info=dict(
+            description='polaformer_mm synthetic shapes', version=str(SYNTHETIC_GENERATOR_VERSION)),
+        images=images,
+        annotations=annotations,
+        categories=[
+            dict(id=i + 1, name=name, supercategory='shape')
+            for i, name in enumerate(SYNTHETIC_CLASSES)
+        ])
     with open(osp.join(root, ann_file), 'w') as f:
         json.dump(coco, f, separators=(',', ':'))
-    return dict(images=len(images), instances=len(annotations), per_class=per_class,
-                occluded=occluded, ann_file=ann_file, img_dir=f'images/{split}',
-                seg_dir=f'seg_maps/{split}')
+    return dict(
+        images=len(images),
+        instances=len(annotations),
+        per_class=per_class,
+        occluded=occluded,
+        ann_file=ann_file,
+        img_dir=f'images/{split}',
+        seg_dir=f'seg_maps/{split}')
 
 
 def _mismatch(meta, wanted):
@@ -372,7 +388,8 @@ def _mismatch(meta, wanted):
     return diffs
 
 
-def generate_synthetic_dataset(root, num_train=SYNTHETIC_DEFAULTS['num_train'],
+def generate_synthetic_dataset(root,
+                               num_train=SYNTHETIC_DEFAULTS['num_train'],
                                num_val=SYNTHETIC_DEFAULTS['num_val'],
                                img_size=SYNTHETIC_DEFAULTS['img_size'],
                                seed=SYNTHETIC_DEFAULTS['seed'],
@@ -419,12 +436,12 @@ def generate_synthetic_dataset(root, num_train=SYNTHETIC_DEFAULTS['num_train'],
                 + '; '.join(diffs) + '. Pass overwrite=True (--overwrite) to replace it, '
                 'or choose another root.')
         if _is_complete(root, meta):
-            return dict(meta, root=root, generated=False,
-                        seconds=round(time.perf_counter() - start, 3))
+            return dict(
+                meta, root=root, generated=False, seconds=round(time.perf_counter() - start, 3))
         # ours, with the same arguments, but files are missing: regenerate below
-    elif (not overwrite and not osp.exists(osp.join(root, _INCOMPLETE))
-          and any(osp.isdir(osp.join(root, sub)) and os.listdir(osp.join(root, sub))
-                  for sub in _SUBDIRS)):
+    elif (not overwrite and not osp.exists(osp.join(root, _INCOMPLETE)) and any(
+            osp.isdir(osp.join(root, sub)) and os.listdir(osp.join(root, sub))
+            for sub in _SUBDIRS)):
         raise FileExistsError(
             f'{root} already holds files in {"/".join(_SUBDIRS)} but no {_META} of this '
             'generator. Pass overwrite=True (--overwrite) to replace them, or choose '
@@ -443,12 +460,19 @@ def generate_synthetic_dataset(root, num_train=SYNTHETIC_DEFAULTS['num_train'],
         os.makedirs(osp.join(root, 'images', split))
         os.makedirs(osp.join(root, 'seg_maps', split))
 
-    splits = {split: _generate_split(root, split, split_id, args)
-              for split_id, split in enumerate(_SPLITS)}
-    meta = dict(generator=_GENERATOR, version=SYNTHETIC_GENERATOR_VERSION, args=args,
-                classes=list(SYNTHETIC_CLASSES), seg_classes=list(SYNTHETIC_SEG_CLASSES),
-                palette=[list(c) for c in SYNTHETIC_PALETTE],
-                seg_palette=[list(c) for c in SYNTHETIC_SEG_PALETTE], splits=splits)
+    splits = {
+        split: _generate_split(root, split, split_id, args)
+        for split_id, split in enumerate(_SPLITS)
+    }
+    meta = dict(
+        generator=_GENERATOR,
+        version=SYNTHETIC_GENERATOR_VERSION,
+        args=args,
+        classes=list(SYNTHETIC_CLASSES),
+        seg_classes=list(SYNTHETIC_SEG_CLASSES),
+        palette=[list(c) for c in SYNTHETIC_PALETTE],
+        seg_palette=[list(c) for c in SYNTHETIC_SEG_PALETTE],
+        splits=splits)
     tmp_path = meta_path + '.tmp'
     with open(tmp_path, 'w') as f:
         json.dump(meta, f, indent=2)

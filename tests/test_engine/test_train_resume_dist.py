@@ -11,7 +11,6 @@ from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
 from polaformer_mm.engine import entry
-
 from .._smoke import synthetic_root
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
@@ -75,8 +74,9 @@ def test_resume_matches_uninterrupted_run(data_root, tmp_path):
 
     broken = tmp_path / 'broken'
     with pytest.raises(_Interrupted):
-        entry.build_runner(_det_cfg(data_root, broken, extra_hooks=[
-            dict(type='_StopAfterEpochHook', epoch=1)])).train()
+        entry.build_runner(
+            _det_cfg(data_root, broken, extra_hooks=[dict(type='_StopAfterEpochHook',
+                                                          epoch=1)])).train()
     assert osp.isfile(broken / 'epoch_1.pth') and not osp.isfile(broken / 'epoch_2.pth')
 
     runner = entry.build_runner(_det_cfg(data_root, broken, resume='auto'))
@@ -98,8 +98,8 @@ def test_resume_from_explicit_checkpoint_and_missing_one(data_root, tmp_path):
 
 def test_missing_pretrained_checkpoint_is_named(data_root, tmp_path):
     cfg = _det_cfg(data_root, tmp_path)
-    cfg.model.backbone.init_cfg = dict(type='Pretrained',
-                                       checkpoint='checkpoints/no_such_pola_pvt_t.pth')
+    cfg.model.backbone.init_cfg = dict(
+        type='Pretrained', checkpoint='checkpoints/no_such_pola_pvt_t.pth')
     runner = entry.build_runner(cfg)
     with pytest.raises(FileNotFoundError, match='no_such_pola_pvt_t.pth'):
         runner.train()
@@ -135,18 +135,23 @@ def test_amp_needs_cuda(tmp_path):
 
 def test_torchrun_two_processes_on_cpu(data_root, tmp_path):
     """tools/dist_train.sh: 2 processes (gloo), SyncBN reverted, a few iterations."""
-    env = dict(os.environ, PYTHON=sys.executable, PORT=str(29500 + os.getpid() % 1000),
-               OMP_NUM_THREADS='1')
+    env = dict(
+        os.environ,
+        PYTHON=sys.executable,
+        PORT=str(29500 + os.getpid() % 1000),
+        OMP_NUM_THREADS='1')
     env.pop('CUDA_VISIBLE_DEVICES', None)
-    cmd = ['bash', osp.join(REPO, 'tools/dist_train.sh'), SEG, '2',
-           '--work-dir', str(tmp_path / 'wd'), '--cfg-options',
-           f'train_dataloader.dataset.data_root={data_root}',
-           f'val_dataloader.dataset.data_root={data_root}',
-           'train_dataloader.batch_size=2', 'train_cfg.max_iters=3', 'train_cfg.val_interval=3',
-           'default_hooks.checkpoint.interval=3', 'default_hooks.logger.interval=1',
-           'model.decode_head.norm_cfg.type=SyncBN', 'env_cfg.dist_cfg.backend=nccl']
-    proc = subprocess.run(cmd, env=env, cwd=str(tmp_path), capture_output=True, text=True,
-                          timeout=600)
+    cmd = [
+        'bash',
+        osp.join(REPO, 'tools/dist_train.sh'), SEG, '2', '--work-dir',
+        str(tmp_path / 'wd'), '--cfg-options', f'train_dataloader.dataset.data_root={data_root}',
+        f'val_dataloader.dataset.data_root={data_root}', 'train_dataloader.batch_size=2',
+        'train_cfg.max_iters=3', 'train_cfg.val_interval=3', 'default_hooks.checkpoint.interval=3',
+        'default_hooks.logger.interval=1', 'model.decode_head.norm_cfg.type=SyncBN',
+        'env_cfg.dist_cfg.backend=nccl'
+    ]
+    proc = subprocess.run(
+        cmd, env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert 'Distributed training on CPUs' in out, out[-2000:]
