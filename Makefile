@@ -69,10 +69,12 @@ format: $(LINT_STAMP)
 	$(VENV)/bin/yapf --in-place --recursive $(YAPF_EXCLUDE) $(LINT_PATHS)
 
 # The main job on built-in data: synthetic data, train + evaluate Mask R-CNN and Semantic FPN
-# with Pola-PVT-T, compare with the untrained model, write prediction images.
+# with a small Pola-PVT from scratch, draw predictions. COMPARE=1 also trains the softmax
+# counterpart (attn_types='SSSS') and prints both side by side.
 QUICKSTART_ARGS ?=
+COMPARE ?=
 quickstart: install
-	$(PY) tools/quickstart.py $(QUICKSTART_ARGS)
+	$(PY) tools/quickstart.py $(if $(filter-out 0,$(COMPARE)),--compare) $(QUICKSTART_ARGS)
 
 # On a machine with a CUDA GPU: the CUDA tests, the backbone benchmark on CUDA and a short AMP
 # training; one report folder (README, "GPU check"). Without a GPU it says so and fails.

@@ -46,8 +46,8 @@ from typing import List
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 STEPS = ('smoke', 'tests', 'benchmark', 'train')
 QUICKSTART = {
-    'det': 'configs/quickstart/mask-rcnn_pola-pvt-t_fpn_synthetic.py',
-    'seg': 'configs/quickstart/fpn_pola-pvt-t_synthetic-seg.py',
+    'det': 'configs/quickstart/mask-rcnn_pola-pvt-nano_fpn_synthetic.py',
+    'seg': 'configs/quickstart/fpn_pola-pvt-nano_synthetic-seg.py',
 }
 DET_SIZE = (800, 1333)  # height x width: mmdet's 1333x800 scale
 BENCH_PAIRS = ['pola-pvt-t', 'pvt-t', 'pola-swin-t', 'swin-t']

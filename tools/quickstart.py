@@ -1,24 +1,34 @@
 #!/usr/bin/env python
-"""Quickstart: the whole pipeline on the bundled synthetic data, in minutes on a laptop.
+"""Quickstart: a detector and a segmenter trained from scratch on built-in synthetic data.
 
-    python tools/quickstart.py [--data-root data/synthetic] [--work-dir work_dirs/quickstart]
-                               [--tasks det seg] [--cfg-options k=v ...]
+    python tools/quickstart.py [--compare] [--tasks det seg] [--data-root data/synthetic]
+                               [--work-dir work_dirs/quickstart] [--num-train N] [--num-val N]
+                               [--score-thr 0.5] [--num-draw 8] [--cfg-options k=v ...]
+                               [--det-options k=v ...] [--seg-options k=v ...]
 
-For each task (det: Mask R-CNN + Pola-PVT-T, seg: Semantic FPN + Pola-PVT-T;
-configs/quickstart/) it
+1. generates the synthetic dataset if it is missing (deterministic; the generator's defaults,
+   or ``--num-train`` / ``--num-val``);
+2. for each task (det: Mask R-CNN, seg: Semantic FPN, both with the small Pola-PVT of
+   configs/quickstart/) trains the model from scratch, the way ``tools/train.py`` does
+   (polaformer_mm.engine.entry, PolaRunner), in a child process of its own so that its
+   peak memory (max RSS) is its own;
+3. evaluates the trained checkpoint on the held-out split as ``tools/test.py --out`` does,
+   with the real CocoMetric (bbox + segm) / IoUMetric (and each class's IoU), and draws
+   ground truth beside prediction for the first ``--num-draw`` validation images into one
+   PNG per model;
+4. prints a table and writes everything to ``<work-dir>/summary.json``.
 
-1. generates the synthetic dataset if it is missing (deterministic, a few seconds);
-2. evaluates the untrained model (the same initialisation training starts from) with the
-   real metric (CocoMetric bbox + segm / IoUMetric);
-3. trains it with mmengine's Runner (a GPU is used when there is one);
-4. evaluates the trained checkpoint the same way and writes prediction images;
-
-then prints both rows side by side and writes them to ``<work-dir>/summary.json``.
+``--compare`` trains and evaluates each task a second time with softmax attention in every
+stage (``model.backbone.attn_types='SSSS'``: PVT spatial-reduction attention, otherwise the
+same backbone, heads, data and schedule) and prints both side by side: metrics, training
+time and peak memory.
 """
 import argparse
 import json
 import os
 import os.path as osp
+import pickle
+import subprocess
 import sys
 import time
 
@@ -27,6 +37,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 # isort: off
 import polaformer_mm  # noqa: E402,F401  (before torchvision)
 from mmengine.config import DictAction  # noqa: E402
+from polaformer_mm.datasets import SYNTHETIC_DEFAULTS  # noqa: E402
 from polaformer_mm.datasets import generate_synthetic_dataset  # noqa: E402
 from polaformer_mm.engine import entry  # noqa: E402
 # isort: on
@@ -35,28 +46,72 @@ REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 TASKS = {
     'det':
     dict(
-        config='configs/quickstart/mask-rcnn_pola-pvt-t_fpn_synthetic.py',
-        metrics=('coco/bbox_mAP', 'coco/bbox_mAP_50', 'coco/segm_mAP', 'coco/segm_mAP_50')),
+        config='configs/quickstart/mask-rcnn_pola-pvt-nano_fpn_synthetic.py',
+        name='Mask R-CNN',
+        metrics=(('coco/bbox_mAP', 'bbox mAP'), ('coco/bbox_mAP_50', 'bbox mAP@50'),
+                 ('coco/bbox_mAP_75', 'bbox mAP@75'), ('coco/segm_mAP', 'segm mAP'),
+                 ('coco/segm_mAP_50', 'segm mAP@50'))),
     'seg':
-    dict(config='configs/quickstart/fpn_pola-pvt-t_synthetic-seg.py', metrics=('mIoU', 'aAcc')),
+    dict(
+        config='configs/quickstart/fpn_pola-pvt-nano_synthetic-seg.py',
+        name='Semantic FPN',
+        metrics=(('mIoU', 'mIoU'), ('IoU.background', 'IoU background'), ('IoU.circle',
+                                                                          'IoU circle'),
+                 ('IoU.square', 'IoU square'), ('IoU.triangle', 'IoU triangle'), ('aAcc', 'aAcc'))),
 }
+# the softmax counterpart: PVT spatial-reduction softmax attention in every stage
+VARIANTS = {'pola': {}, 'softmax': {'model.backbone.attn_types': 'SSSS'}}
+SCALE = 3  # drawings are upscaled by this factor
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p.add_argument(
+        '--compare',
+        action='store_true',
+        help="also train the softmax counterpart (attn_types='SSSS') and print "
+        'both side by side')
+    p.add_argument('--tasks', nargs='+', choices=sorted(TASKS), default=['det', 'seg'])
     p.add_argument('--data-root', default='data/synthetic')
     p.add_argument('--work-dir', default='work_dirs/quickstart')
-    p.add_argument('--tasks', nargs='+', choices=sorted(TASKS), default=['det', 'seg'])
+    p.add_argument(
+        '--num-train',
+        type=int,
+        default=SYNTHETIC_DEFAULTS['num_train'],
+        help='training images to generate')
+    p.add_argument(
+        '--num-val',
+        type=int,
+        default=SYNTHETIC_DEFAULTS['num_val'],
+        help='held-out images to generate')
+    p.add_argument(
+        '--score-thr', type=float, default=0.5, help='detections drawn: score at least this')
+    p.add_argument('--num-draw', type=int, default=8, help='validation images drawn per model')
     p.add_argument(
         '--cfg-options',
         nargs='+',
         action=DictAction,
+        default={},
         help='overrides applied to every task config')
+    p.add_argument('--train-job', help=argparse.SUPPRESS)  # internal: the child process
+    p.add_argument(
+        '--det-options',
+        nargs='+',
+        action=DictAction,
+        default={},
+        help='overrides of the detection config only')
+    p.add_argument(
+        '--seg-options',
+        nargs='+',
+        action=DictAction,
+        default={},
+        help='overrides of the segmentation config only')
     return p.parse_args(argv)
 
 
+# ----------------------------------------------------------------------------- configs
 def _set_data_root(cfg, data_root):
-    root = data_root.rstrip('/') + '/'
+    root = osp.abspath(data_root).rstrip('/') + '/'
     for split in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
         cfg[split].dataset.data_root = root
     for ev in ('val_evaluator', 'test_evaluator'):
@@ -64,85 +119,329 @@ def _set_data_root(cfg, data_root):
             cfg[ev].ann_file = osp.join(root, osp.relpath(cfg[ev].ann_file, cfg.data_root))
 
 
-def _config(task, data_root, phase, cfg_options):
-    path = osp.join(REPO, TASKS[task]['config'])
-    cfg = entry.load_config(path, cfg_options)
-    _set_data_root(cfg, data_root)
-    cfg.experiment_name = f'{task}_{phase}_{time.strftime("%Y%m%d_%H%M%S")}'
-    # visualizers are named singletons: one per phase, so each writes to its own folder
+def _config(job, phase):
+    """The task's config with the job's overrides, pointed at the job's data."""
+    path = osp.join(REPO, TASKS[job['task']]['config'])
+    cfg = entry.load_config(path, job['options'])
+    _set_data_root(cfg, job['data_root'])
+    # visualizers are named singletons: one per runner of this process
+    cfg.experiment_name = f'{job["task"]}_{job["variant"]}_{phase}_{time.strftime("%Y%m%d_%H%M%S")}'
     cfg.visualizer.name = cfg.experiment_name
     return cfg, path
 
 
-def _metrics(task, result):
-    return {
-        k.split('/')[-1] if task == 'seg' else k: float(result[k])
-        for k in TASKS[task]['metrics'] if k in result
-    }
+# ----------------------------------------------------------------------------- training
+def _rss_mib():
+    """The current resident set size (MiB); None where /proc is missing."""
+    if not osp.exists('/proc/self/statm'):
+        return None
+    with open('/proc/self/statm') as f:
+        return round(int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE') / 2**20)
 
 
-def run_task(task, args):
-    wd = osp.join(args.work_dir, task)
-    # 2. untrained: the weights training starts from (same seed, same init_weights)
-    cfg, path = _config(task, args.data_root, 'untrained', args.cfg_options)
-    entry.prepare_train_config(cfg, path, work_dir=osp.join(wd, 'untrained'))
-    runner = entry.build_runner(cfg)
-    runner.model.init_weights()
-    untrained = runner.test()
-
-    # 3. train (no validation during training: step 4 evaluates)
-    cfg, path = _config(task, args.data_root, 'train', args.cfg_options)
-    entry.prepare_train_config(cfg, path, work_dir=osp.join(wd, 'train'))
+def _train_child(job_file):
+    """Runs in a child process: what tools/train.py does, timed."""
+    with open(job_file) as f:
+        job = json.load(f)
+    cfg, path = _config(job, 'train')
+    entry.prepare_train_config(cfg, path, work_dir=job['train_dir'])
+    # no validation during training: the parent evaluates the last checkpoint
     cfg.train_cfg.val_interval = 10**9
     cfg.train_cfg.val_begin = 10**9  # mmengine also validates after the last epoch/iteration
-    t0 = time.time()
+    rss_start = _rss_mib()
+    t0 = time.perf_counter()
     runner = entry.build_runner(cfg)
     runner.train()
-    train_s = time.time() - t0
-    ckpt = _last_checkpoint(osp.join(wd, 'train'))
+    seconds = time.perf_counter() - t0
+    with open(job['result_file'], 'w') as f:
+        json.dump(
+            dict(train_seconds=round(seconds, 1), start_rss_mib=rss_start, iterations=runner.iter),
+            f)
 
-    # 4. evaluate the trained checkpoint, drawing predictions
-    cfg, path = _config(task, args.data_root, 'test', args.cfg_options)
-    show_dir = osp.abspath(osp.join(wd, 'predictions'))
-    entry.prepare_test_config(cfg, path, ckpt, work_dir=osp.join(wd, 'test'), show_dir=show_dir)
-    trained = entry.build_runner(cfg).test()
+
+def train(job):
+    """Train in a child process of its own; returns its timings and peak RSS."""
+    os.makedirs(job['train_dir'], exist_ok=True)
+    job = dict(job, result_file=osp.join(job['train_dir'], 'quickstart_train.json'))
+    if osp.exists(job['result_file']):
+        os.remove(job['result_file'])
+    job_file = osp.join(job['train_dir'], 'quickstart_job.json')
+    with open(job_file, 'w') as f:
+        json.dump(job, f)
+    proc = subprocess.Popen([sys.executable, osp.abspath(__file__), '--train-job', job_file])
+    try:
+        _, status, usage = os.wait4(proc.pid, 0)
+    except BaseException:
+        proc.kill()
+        raise
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0 or not osp.exists(job['result_file']):
+        raise RuntimeError(f'training {job["task"]} ({job["variant"]}) failed with exit code '
+                           f'{proc.returncode}; see the log under {job["train_dir"]}')
+    with open(job['result_file']) as f:
+        info = json.load(f)
+    # the child's own high-water mark: KiB on Linux, bytes on macOS
+    info['peak_rss_mib'] = round(usage.ru_maxrss / (2**20 if sys.platform == 'darwin' else 2**10))
+    with open(osp.join(job['train_dir'], 'last_checkpoint')) as f:
+        info['checkpoint'] = f.read().strip()
+    return info
+
+
+# ----------------------------------------------------------------------------- evaluation
+def _per_class_iou_metric():
+    """mmseg's IoUMetric, also returning each class's IoU as ``IoU.<class>`` (percent)."""
+    from mmseg.evaluation import IoUMetric
+    from mmseg.registry import METRICS
+
+    name = 'QuickstartIoUMetric'
+    if name in METRICS.module_dict:
+        return name
+
+    class QuickstartIoUMetric(IoUMetric):
+
+        def total_area_to_metrics(self, *args, **kwargs):
+            self._areas_metrics = IoUMetric.total_area_to_metrics(*args, **kwargs)
+            return self._areas_metrics
+
+        def compute_metrics(self, results):
+            metrics = super().compute_metrics(results)
+            for cls, iou in zip(self.dataset_meta['classes'], self._areas_metrics['IoU']):
+                metrics[f'IoU.{cls}'] = round(float(iou) * 100, 2)
+            return metrics
+
+    METRICS.register_module(name=name, module=QuickstartIoUMetric)
+    return name
+
+
+def evaluate(job, checkpoint):
+    """What tools/test.py --out does; returns the metrics and where predictions went."""
+    cfg, path = _config(job, 'test')
+    if job['task'] == 'det':
+        out = osp.join(job['test_dir'], 'predictions.pkl')
+    else:
+        out = osp.join(job['test_dir'], 'pred_png')
+    entry.prepare_test_config(cfg, path, checkpoint, work_dir=job['test_dir'], out=out)
+    if job['task'] == 'seg':
+        cfg.test_evaluator.type = _per_class_iou_metric()
+    metrics = entry.build_runner(cfg).test()
+    return {k: float(v) for k, v in metrics.items()}, out
+
+
+# ----------------------------------------------------------------------------- drawing
+def _palette(job):
+    from polaformer_mm.datasets import SYNTHETIC_PALETTE, SYNTHETIC_SEG_PALETTE
+    return SYNTHETIC_PALETTE if job['task'] == 'det' else SYNTHETIC_SEG_PALETTE
+
+
+def _label(img, text, org, colour):
+    import cv2
+    cv2.putText(img, text, org, cv2.FONT_HERSHEY_SIMPLEX, 0.4, (0, 0, 0), 3, cv2.LINE_AA)
+    cv2.putText(img, text, org, cv2.FONT_HERSHEY_SIMPLEX, 0.4, colour, 1, cv2.LINE_AA)
+
+
+def _draw_instances(image, masks, boxes, labels, scores, classes, palette):
+    """image: RGB uint8 (already upscaled); masks at the original size; boxes xyxy."""
+    import cv2
+    import numpy as np
+    out = image.astype(np.float32)
+    for mask, label in zip(masks, labels):
+        big = cv2.resize(
+            mask.astype(np.uint8), image.shape[1::-1], interpolation=cv2.INTER_NEAREST).astype(bool)
+        out[big] = 0.5 * out[big] + 0.5 * np.array(palette[label], np.float32)
+    out = out.astype(np.uint8)
+    for box, label, score in zip(boxes, labels, scores):
+        x0, y0, x1, y1 = (int(round(v * SCALE)) for v in box)
+        colour = tuple(int(c) for c in palette[label])
+        cv2.rectangle(out, (x0, y0), (x1, y1), colour, 2)
+        text = classes[label] if score is None else f'{classes[label]} {score:.2f}'
+        _label(out, text, (x0 + 2, max(y0 - 3, 10)), colour)
+    return out
+
+
+def _pairs_det(job, predictions, num):
+    import cv2
+    import numpy as np
+    from pycocotools import mask as mask_utils
+    from pycocotools.coco import COCO
+
+    from polaformer_mm.datasets import SYNTHETIC_CLASSES
+    palette = _palette(job)
+    coco = COCO(osp.join(job['data_root'], 'annotations/instances_val.json'))
+    with open(predictions, 'rb') as f:
+        preds = {p['img_id']: p for p in pickle.load(f)}
+    for img_id in sorted(coco.getImgIds())[:num]:
+        info = coco.loadImgs(img_id)[0]
+        image = cv2.imread(osp.join(job['data_root'], 'images/val', info['file_name']))
+        image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+        big = cv2.resize(image, None, fx=SCALE, fy=SCALE, interpolation=cv2.INTER_NEAREST)
+        anns = coco.loadAnns(coco.getAnnIds(imgIds=img_id))
+        gt = _draw_instances(
+            big, [coco.annToMask(a) for a in anns],
+            [[a['bbox'][0], a['bbox'][1], a['bbox'][0] + a['bbox'][2], a['bbox'][1] + a['bbox'][3]]
+             for a in anns], [a['category_id'] - 1
+                              for a in anns], [None] * len(anns), SYNTHETIC_CLASSES, palette)
+        pred = preds[img_id]['pred_instances']
+        keep = np.flatnonzero(np.asarray(pred['scores']) >= job['score_thr'])
+        masks = [mask_utils.decode(pred['masks'][i]) for i in keep] if 'masks' in pred else []
+        drawn = _draw_instances(big, masks,
+                                np.asarray(pred['bboxes'])[keep],
+                                np.asarray(pred['labels'])[keep],
+                                np.asarray(pred['scores'])[keep], SYNTHETIC_CLASSES, palette)
+        yield gt, drawn
+
+
+def _pairs_seg(job, pred_dir, num):
+    import cv2
+    import numpy as np
+    palette = np.array(_palette(job), np.float32)
+    names = sorted(os.listdir(osp.join(job['data_root'], 'images/val')))[:num]
+    for name in names:
+        stem = osp.splitext(name)[0]
+        image = cv2.cvtColor(
+            cv2.imread(osp.join(job['data_root'], 'images/val', name)), cv2.COLOR_BGR2RGB)
+        big = cv2.resize(
+            image, None, fx=SCALE, fy=SCALE, interpolation=cv2.INTER_NEAREST).astype(np.float32)
+        out = []
+        for path in (osp.join(job['data_root'], 'seg_maps/val',
+                              stem + '.png'), osp.join(pred_dir, stem + '.png')):
+            labels = cv2.imread(path, cv2.IMREAD_UNCHANGED)
+            labels = cv2.resize(labels, None, fx=SCALE, fy=SCALE, interpolation=cv2.INTER_NEAREST)
+            # the classes in solid colours over the dimmed image: the same drawing for
+            # ground truth and prediction, so that they compare at a glance
+            fg = labels > 0
+            drawn = 0.6 * big
+            drawn[fg] = palette[labels[fg]]
+            out.append(drawn.astype(np.uint8))
+        yield out
+
+
+def draw(job, predictions):
+    """One PNG: ground truth beside prediction for the first validation images."""
+    import cv2
+    import numpy as np
+    pairs = list((_pairs_det if job['task'] == 'det' else _pairs_seg)(job, predictions,
+                                                                      job['num_draw']))
+    if not pairs:
+        return None
+    h, w = pairs[0][0].shape[:2]
+    gap, head = 6, 22
+    cols = 2 if len(pairs) > 1 else 1
+    rows = (len(pairs) + cols - 1) // cols
+    cell_w = 2 * w + gap
+    canvas = np.full((head + rows * (h + gap), cols * (cell_w + 3 * gap), 3), 255, np.uint8)
+    thr = f' (score >= {job["score_thr"]:g})' if job['task'] == 'det' else ''
+    for c in range(cols):
+        x = c * (cell_w + 3 * gap)
+        cv2.putText(canvas, 'ground truth', (x + 4, 15), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 0, 0),
+                    1, cv2.LINE_AA)
+        cv2.putText(canvas, 'prediction' + thr, (x + w + gap + 4, 15), cv2.FONT_HERSHEY_SIMPLEX,
+                    0.45, (0, 0, 0), 1, cv2.LINE_AA)
+    for i, (gt, pred) in enumerate(pairs):
+        y = head + (i // cols) * (h + gap)
+        x = (i % cols) * (cell_w + 3 * gap)
+        canvas[y:y + h, x:x + w] = gt
+        canvas[y:y + h, x + w + gap:x + 2 * w + gap] = pred
+    path = osp.join(job['work_dir'], 'predictions.png')
+    cv2.imwrite(path, cv2.cvtColor(canvas, cv2.COLOR_RGB2BGR))
+    return osp.abspath(path)
+
+
+# ----------------------------------------------------------------------------- main
+def run_job(job):
+    info = train(job)
+    metrics, predictions = evaluate(job, info['checkpoint'])
+    drawing = draw(job, predictions)
     return dict(
-        config=TASKS[task]['config'],
-        checkpoint=ckpt,
-        train_seconds=round(train_s, 1),
-        untrained=_metrics(task, untrained),
-        trained=_metrics(task, trained),
-        predictions=show_dir)
+        config=TASKS[job['task']]['config'],
+        variant=job['variant'],
+        options=job['options'],
+        metrics=metrics,
+        predictions=predictions,
+        drawing=drawing,
+        **info)
 
 
-def _last_checkpoint(train_dir):
-    with open(osp.join(train_dir, 'last_checkpoint')) as f:
-        return f.read().strip()
+def _jobs(args):
+    for task in args.tasks:
+        for variant in (('pola', 'softmax') if args.compare else ('pola', )):
+            options = dict(args.cfg_options)
+            options.update(getattr(args, f'{task}_options'))
+            options.update(VARIANTS[variant])
+            wd = osp.join(args.work_dir, task if variant == 'pola' else f'{task}_{variant}')
+            yield dict(
+                task=task,
+                variant=variant,
+                options=options,
+                data_root=osp.abspath(args.data_root),
+                work_dir=wd,
+                train_dir=osp.join(wd, 'train'),
+                test_dir=osp.join(wd, 'test'),
+                score_thr=args.score_thr,
+                num_draw=args.num_draw)
+
+
+def _fmt(value, key):
+    if value is None:
+        return '-'
+    return f'{value:.3f}' if key.startswith('coco/') else f'{value:.2f}'
+
+
+def format_table(results, compare):
+    """The printed summary: one column per variant."""
+    variants = ('pola', 'softmax') if compare else ('pola', )
+    heads = {'pola': 'Pola (LLLL)', 'softmax': 'softmax (SSSS)'}
+    lines = [f'{"model":<14} {"metric (val)":<17}' + ''.join(f'{heads[v]:>16}' for v in variants)]
+    for task in TASKS:
+        rows = {v: results.get((task, v)) for v in variants}
+        if rows['pola'] is None:
+            continue
+        name = TASKS[task]['name']
+        for key, label in TASKS[task]['metrics']:
+            cells = ''.join(f'{_fmt(r["metrics"].get(key) if r else None, key):>16}'
+                            for r in rows.values())
+            lines.append(f'{name:<14} {label:<17}{cells}')
+            name = ''
+        for key, label in (('train_seconds', 'train time (s)'), ('peak_rss_mib', 'peak RSS (MiB)')):
+            cells = ''.join(f'{("-" if r is None else r[key]):>16}' for r in rows.values())
+            lines.append(f'{"":<14} {label:<17}{cells}')
+    return '\n'.join(lines)
 
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.train_job:
+        return _train_child(args.train_job)
     t0 = time.time()
-    info = generate_synthetic_dataset(args.data_root)
+    info = generate_synthetic_dataset(
+        args.data_root, num_train=args.num_train, num_val=args.num_val)
     print(f"synthetic data: {args.data_root} "
-          f"({'generated' if info.get('generated') else 'already there'})")
+          f"({'generated' if info['generated'] else 'already there'}: "
+          f"{info['splits']['train']['images']} train, {info['splits']['val']['images']} val "
+          f"images of {info['args']['img_size'][0]}x{info['args']['img_size'][1]})")
     results = {}
-    for task in args.tasks:
-        results[task] = run_task(task, args)
+    for job in _jobs(args):
+        print(f'--- {TASKS[job["task"]]["name"]} ({job["variant"]}): training', flush=True)
+        results[(job['task'], job['variant'])] = run_job(job)
     total = time.time() - t0
     os.makedirs(args.work_dir, exist_ok=True)
-    with open(osp.join(args.work_dir, 'summary.json'), 'w') as f:
-        json.dump(dict(results=results, total_seconds=round(total, 1)), f, indent=2)
+    summary = osp.join(args.work_dir, 'summary.json')
+    with open(summary, 'w') as f:
+        json.dump(
+            dict(
+                results={
+                    f'{t}/{v}': r
+                    for (t, v), r in results.items()
+                },
+                data=dict(root=info['root'], args=info['args']),
+                total_seconds=round(total, 1)),
+            f,
+            indent=2)
     print('\n' + '=' * 72)
-    print(f'{"task":<5} {"metric":<16} {"untrained":>10} {"trained":>10}')
-    for task, r in results.items():
-        for k in r['trained']:
-            print(f'{task:<5} {k:<16} {r["untrained"].get(k, float("nan")):>10.4f} '
-                  f'{r["trained"][k]:>10.4f}')
-    for task, r in results.items():
-        print(f'{task}: trained in {r["train_seconds"]:.0f} s; prediction images in '
-              f'{r["predictions"]}')
-    print(f'total {total / 60:.1f} min; summary in {osp.join(args.work_dir, "summary.json")}')
+    print(format_table(results, args.compare))
+    print('peak RSS: the training process, Python and libraries included')
+    for (task, variant), r in results.items():
+        print(f'{task} ({variant}): ground truth | prediction in {r["drawing"]}')
+    print(f'total {total / 60:.1f} min; summary in {summary}')
     return results
 
 

@@ -20,7 +20,7 @@ import torch
 from .._smoke import synthetic_root
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-DET = osp.join(REPO, 'configs/quickstart/mask-rcnn_pola-pvt-t_fpn_synthetic.py')
+DET = osp.join(REPO, 'configs/quickstart/mask-rcnn_pola-pvt-nano_fpn_synthetic.py')
 
 SLOW_WRITE = '''
 """Fault injection: the write of a checkpoint named $POLA_SLOW_CKPT stops half-way."""
@@ -129,7 +129,7 @@ def test_best_checkpoint_is_replaced_only_after_the_new_one_is_written(tmp_path,
 
     from polaformer_mm.engine import PolaCheckpointHook, entry
     from .._smoke import smoke_config
-    seg = osp.join(REPO, 'configs/quickstart/fpn_pola-pvt-t_synthetic-seg.py')
+    seg = osp.join(REPO, 'configs/quickstart/fpn_pola-pvt-nano_synthetic-seg.py')
     cfg = smoke_config(entry.load_config(seg), synthetic_root(tmp_path), tmp_path / 'wd')
     cfg.default_hooks.checkpoint = dict(
         type='CheckpointHook',

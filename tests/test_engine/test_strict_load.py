@@ -22,8 +22,8 @@ from ..test_models._golden import load_golden
 from ..test_models._official_files import save_official
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-DET = osp.join(REPO, 'configs/quickstart/mask-rcnn_pola-pvt-t_fpn_synthetic.py')
-SEG = osp.join(REPO, 'configs/quickstart/fpn_pola-pvt-t_synthetic-seg.py')
+DET = osp.join(REPO, 'configs/quickstart/mask-rcnn_pola-pvt-nano_fpn_synthetic.py')
+SEG = osp.join(REPO, 'configs/quickstart/fpn_pola-pvt-nano_synthetic-seg.py')
 
 
 @pytest.fixture(scope='module')

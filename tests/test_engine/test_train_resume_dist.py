@@ -14,8 +14,8 @@ from polaformer_mm.engine import entry
 from .._smoke import synthetic_root
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-DET = osp.join(REPO, 'configs/quickstart/mask-rcnn_pola-pvt-t_fpn_synthetic.py')
-SEG = osp.join(REPO, 'configs/quickstart/fpn_pola-pvt-t_synthetic-seg.py')
+DET = osp.join(REPO, 'configs/quickstart/mask-rcnn_pola-pvt-nano_fpn_synthetic.py')
+SEG = osp.join(REPO, 'configs/quickstart/fpn_pola-pvt-nano_synthetic-seg.py')
 
 
 @pytest.fixture(scope='module')

@@ -19,9 +19,9 @@ from polaformer_mm.ops import pola_linear_attention
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 IMAGE = osp.join(matplotlib.get_data_path(), 'sample_data', 'grace_hopper.jpg')
-PVT_CONFIG = osp.join(ROOT, 'configs', 'quickstart', 'mask-rcnn_pola-pvt-t_fpn_synthetic.py')
+PVT_CONFIG = osp.join(ROOT, 'configs', 'quickstart', 'mask-rcnn_pola-pvt-nano_fpn_synthetic.py')
 PVT_BASELINE = osp.join(ROOT, 'configs', 'pola_pvt', 'mask-rcnn_pvt-t_fpn_1x_coco.py')
-SEG_CONFIG = osp.join(ROOT, 'configs', 'quickstart', 'fpn_pola-pvt-t_synthetic-seg.py')
+SEG_CONFIG = osp.join(ROOT, 'configs', 'quickstart', 'fpn_pola-pvt-nano_synthetic-seg.py')
 SEG_BASELINE = osp.join(ROOT, 'configs', 'pola_pvt', 'fpn_pvt-t_4xb4-80k_ade20k-512x512.py')
 
 # Pola-Swin with 'L' windows of 6 tokens: at 150 x 128 (padded to 160 x 128) stage 0 is

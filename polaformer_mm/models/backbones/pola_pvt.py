@@ -175,7 +175,8 @@ class PolaPVT(PolaBackboneBase):
 
     Args:
         arch (str | dict): 'tiny', 'small', 'medium', 'large' (or 't', 's', 'm',
-            'l'), or a dict with ``embed_dims``, ``depths``, ``num_heads``,
+            'l'; the official models), 'nano' (not official: tiny at half the width,
+            embed_dims 32-64-160-256, used by the quickstart), or a dict with ``embed_dims``, ``depths``, ``num_heads``,
             ``mlp_ratios`` and ``sr_ratios`` (one value per stage each; missing
             keys are an error). Default: 'tiny'.
         la_sr_ratios (Sequence[int] | str): Spatial reduction of the keys/values
@@ -225,6 +226,10 @@ class PolaPVT(PolaBackboneBase):
         **dict.fromkeys(['s', 'small'], dict(depths=[3, 4, 6, 3])),
         **dict.fromkeys(['m', 'medium'], dict(depths=[3, 4, 18, 3])),
         **dict.fromkeys(['l', 'large'], dict(depths=[3, 8, 27, 3])),
+        # not an official model: half of tiny's width, for small images trained from scratch
+        # in minutes (the quickstart configs)
+        'nano':
+        dict(embed_dims=[32, 64, 160, 256], depths=[2, 2, 2, 2]),
     }
     _arch_defaults = dict(
         embed_dims=[64, 128, 320, 512],

@@ -1,8 +1,9 @@
-# Quickstart: Semantic FPN + Pola-PVT-T trained from scratch on the bundled synthetic data
-# (tools/dataset_converters/generate_synthetic_data.py; semantic PNGs with 0 = background,
-# 1-3 = circle, square, triangle; 128x128 images). Not a paper protocol: sized so that it
+# Quickstart: Semantic FPN + Pola-PVT-nano trained from scratch on the bundled synthetic data
+# (polaformer_mm.datasets.synthetic: 3000 + 200 images of 64x64, circles, squares and
+# triangles, rotated and partly occluding each other, on textured backgrounds; semantic PNGs
+# with 0 = background, 1-3 = circle, square, triangle). Not a paper protocol: sized so that it
 # learns within minutes on 2 CPU cores. `make quickstart` (tools/quickstart.py) generates the
-# data, trains, evaluates with the real IoUMetric and writes prediction images.
+# data, trains, evaluates with the real IoUMetric and draws predictions.
 # Delta over mmseg's Semantic FPN R-50 (ADE20K 160k) config.
 _base_ = ['mmseg::sem_fpn/fpn_r50_4xb4-160k_ade20k-512x512.py']
 custom_imports = dict(imports=['polaformer_mm'], allow_failed_imports=False)
@@ -12,8 +13,11 @@ metainfo = dict(
     classes=('background', 'circle', 'square', 'triangle'),
     palette=[(0, 0, 0), (220, 20, 60), (0, 130, 255), (255, 190, 0)])
 num_classes = 4
-crop_size = (128, 128)
+img_size = 64
+crop_size = (img_size, img_size)
+channels = 64  # FPN and head width
 norm_cfg = dict(type='BN', requires_grad=True)  # one process; the runner reverts SyncBN anyway
+backbone_dims = [32, 64, 160, 256]  # PolaPVT arch 'nano'
 
 model = dict(
     pretrained=None,
@@ -21,14 +25,19 @@ model = dict(
     backbone=dict(
         _delete_=True,
         type='PolaPVT',
-        arch='tiny',
-        attn_types='LLLL',
+        arch='nano',
+        attn_types='LLLL',  # COMPARE=1 trains 'SSSS' (PVT softmax attention) beside it
+        pretrain_img_size=img_size,  # the positional encodings are learned at this size
         drop_path_rate=0.,
         out_indices=(0, 1, 2, 3),
         init_cfg=None),  # from scratch: no ImageNet weights are needed
-    neck=dict(in_channels=[64, 128, 320, 512], out_channels=128),
+    neck=dict(in_channels=backbone_dims, out_channels=channels),
     decode_head=dict(
-        in_channels=[128, 128, 128, 128], channels=64, num_classes=num_classes, norm_cfg=norm_cfg))
+        in_channels=[channels] * 4,
+        channels=channels,
+        num_classes=num_classes,
+        norm_cfg=norm_cfg,
+        dropout_ratio=0.))
 
 train_pipeline = [
     dict(type='LoadImageFromFile'),
@@ -43,7 +52,7 @@ test_pipeline = [
 ]
 dataset_type = 'BaseSegDataset'
 train_dataloader = dict(
-    batch_size=4,
+    batch_size=8,
     num_workers=0,
     persistent_workers=False,
     dataset=dict(
@@ -72,17 +81,21 @@ test_dataloader = val_dataloader
 val_evaluator = dict(type='IoUMetric', iou_metrics=['mIoU'])
 test_evaluator = val_evaluator
 
-max_iters = 600
+# 3200 iterations of 8 images: about 8.5 epochs. Most of the shape classes' IoU comes late,
+# while the cosine schedule brings the learning rate down (measured: mIoU 39 / 54 / 68 / 71
+# after 800 / 1600 / 2400 / 3200 iterations)
+max_iters = 3200
 train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=max_iters)
 optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',
-    optimizer=dict(type='AdamW', lr=6e-4, weight_decay=1e-4),
+    optimizer=dict(type='AdamW', lr=1.4e-3, weight_decay=0.01),
     clip_grad=dict(max_norm=10.))
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=50),
-    dict(type='PolyLR', eta_min=0., power=0.9, begin=50, end=max_iters, by_epoch=False),
+    dict(type='CosineAnnealingLR', eta_min=1e-5, begin=0, end=max_iters, by_epoch=False),
 ]
 default_hooks = dict(
-    logger=dict(interval=25), checkpoint=dict(by_epoch=False, interval=max_iters, max_keep_ckpts=1))
+    logger=dict(interval=100),
+    checkpoint=dict(by_epoch=False, interval=max_iters, max_keep_ckpts=1))
 randomness = dict(seed=0)

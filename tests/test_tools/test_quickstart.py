@@ -1,0 +1,88 @@
+"""tools/quickstart.py end to end on tiny data: a few iterations of each model (and of its
+softmax counterpart), the real CocoMetric / IoUMetric, the drawings and the summary."""
+import importlib.util
+import json
+import os.path as osp
+
+import cv2
+import pytest
+import torch
+
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+# pycocotools' mask.decode under numpy 2
+pytestmark = pytest.mark.filterwarnings('ignore:__array__ implementation:DeprecationWarning')
+
+
+def _load_quickstart():
+    spec = importlib.util.spec_from_file_location(
+        'quickstart', osp.join(REPO, 'tools', 'quickstart.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope='module')
+def quickstart():
+    return _load_quickstart()
+
+
+def summary_img_size(tmp_path):
+    with open(tmp_path / 'data' / 'meta.json') as f:
+        return min(json.load(f)['args']['img_size'])
+
+
+def _state_dict(path):
+    return torch.load(path, map_location='cpu', weights_only=True)['state_dict']
+
+
+def test_quickstart_compare_fast(quickstart, tmp_path, capsys):
+    work_dir = tmp_path / 'wd'
+    argv = ['--data-root', str(tmp_path / 'data'), '--work-dir', str(work_dir),
+            '--num-train', '4', '--num-val', '2', '--num-draw', '2', '--compare',
+            '--score-thr', '0', '--cfg-options', 'train_dataloader.batch_size=2',
+            'default_hooks.logger.interval=1',
+            '--det-options', 'train_cfg.max_epochs=1',
+            '--seg-options', 'train_cfg.max_iters=2']
+    results = quickstart.main(argv)
+    out = capsys.readouterr().out
+    assert set(results) == {('det', 'pola'), ('det', 'softmax'), ('seg', 'pola'),
+                            ('seg', 'softmax')}
+    for (task, variant), r in results.items():
+        assert r['iterations'] == 2
+        assert r['train_seconds'] > 0
+        assert r['peak_rss_mib'] >= r['start_rss_mib'] > 0
+        if task == 'det':  # the real CocoMetric, bbox and segm
+            assert {'coco/bbox_mAP', 'coco/bbox_mAP_50', 'coco/segm_mAP'} <= set(r['metrics'])
+            assert osp.isfile(r['predictions'])
+        else:  # the real IoUMetric, plus each class's IoU
+            assert {'mIoU', 'aAcc', 'IoU.background', 'IoU.circle', 'IoU.square',
+                    'IoU.triangle'} <= set(r['metrics'])
+            assert osp.isdir(r['predictions'])
+        drawing = cv2.imread(r['drawing'])
+        # two images, upscaled SCALE times, each ground truth beside prediction
+        side = quickstart.SCALE * summary_img_size(tmp_path)
+        assert drawing.shape[0] > side and drawing.shape[1] > 2 * 2 * side
+        # the softmax counterpart really has 'S' stages, the Pola model 'L' stages
+        keys = _state_dict(r['checkpoint']).keys()
+        attn = 'backbone.layers.0.blocks.0.attn.'
+        if variant == 'softmax':
+            assert attn + 'q.weight' in keys and attn + 'power' not in keys
+        else:
+            assert attn + 'qg.weight' in keys and attn + 'power' in keys
+    with open(work_dir / 'summary.json') as f:
+        summary = json.load(f)
+    assert set(summary['results']) == {'det/pola', 'det/softmax', 'seg/pola', 'seg/softmax'}
+    assert summary['data']['args']['num_train'] == 4
+    for text in ('Pola (LLLL)', 'softmax (SSSS)', 'bbox mAP', 'IoU triangle',
+                 'train time (s)', 'peak RSS (MiB)', 'predictions.png'):
+        assert text in out, out[-3000:]
+
+
+def test_format_table_one_variant(quickstart):
+    r = dict(metrics={'mIoU': 71.234, 'IoU.square': 60.0}, train_seconds=12.3,
+             peak_rss_mib=900)
+    table = quickstart.format_table({('seg', 'pola'): r}, compare=False)
+    assert 'softmax' not in table
+    assert '71.23' in table and '60.00' in table and '12.3' in table and '900' in table
+    assert 'IoU circle' in table and 'Mask R-CNN' not in table
