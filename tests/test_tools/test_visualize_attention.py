@@ -133,18 +133,19 @@ def test_quickstart_pvt_with_baseline_random_weights(tmp_path):
     assert [(b['stage'], b['block']) for b in blocks] == [(s, j) for s in range(4)
                                                           for j in range(2)]
     first = blocks[0]
-    assert first['layout'] == 'global' and first['query_grid'] == [32, 32]
-    assert first['stride'] == 4 and first['key_grid'] == [32, 32]
-    assert first['entropy']['log_n'] == pytest.approx(math.log(32 * 32))
-    # the PVT-T baseline reduces stage-0 keys 8x: 4 x 4 keys of 32 pixels
-    assert first['baseline']['key_grid'] == [4, 4]
+    # the 64 x 55 input, padded to 64 x 64: a 16 x 16 stage-0 grid
+    assert first['layout'] == 'global' and first['query_grid'] == [16, 16]
+    assert first['stride'] == 4 and first['key_grid'] == [16, 16]
+    assert first['entropy']['log_n'] == pytest.approx(math.log(16 * 16))
+    # the PVT-T baseline reduces stage-0 keys 8x: 2 x 2 keys of 32 pixels
+    assert first['baseline']['key_grid'] == [2, 2]
     assert first['baseline']['key_cell_pixels'] == 32
     # random initialisation: power = 0, so every exponent is 1 + alpha / 2
     assert all(s['min'] == s['max'] == pytest.approx(3.) for s in summary['stages'])
-    # default points: the centre of the 512 x 600 image, mapped into the 109 x 128 input
+    # default points: the centre of the 512 x 600 image, mapped into the 55 x 64 input
     assert summary['points'][0]['image_xy'] == [256., 300.]
     x, y = summary['points'][0]['input_xy']
-    assert x == pytest.approx(256.5 * 109 / 512 - 0.5) and y == pytest.approx(300.5 * 128 / 600
+    assert x == pytest.approx(256.5 * 55 / 512 - 0.5) and y == pytest.approx(300.5 * 64 / 600
                                                                               - 0.5)
 
 
