@@ -15,8 +15,8 @@ pytestmark = pytest.mark.filterwarnings('ignore:__array__ implementation:Depreca
 
 
 def _load_quickstart():
-    spec = importlib.util.spec_from_file_location(
-        'quickstart', osp.join(REPO, 'tools', 'quickstart.py'))
+    spec = importlib.util.spec_from_file_location('quickstart',
+                                                  osp.join(REPO, 'tools', 'quickstart.py'))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -38,12 +38,14 @@ def _state_dict(path):
 
 def test_quickstart_compare_fast(quickstart, tmp_path, capsys):
     work_dir = tmp_path / 'wd'
-    argv = ['--data-root', str(tmp_path / 'data'), '--work-dir', str(work_dir),
-            '--num-train', '4', '--num-val', '2', '--num-draw', '2', '--compare',
-            '--score-thr', '0', '--cfg-options', 'train_dataloader.batch_size=2',
-            'default_hooks.logger.interval=1',
-            '--det-options', 'train_cfg.max_epochs=1',
-            '--seg-options', 'train_cfg.max_iters=2']
+    argv = [
+        '--data-root',
+        str(tmp_path / 'data'), '--work-dir',
+        str(work_dir), '--num-train', '4', '--num-val', '2', '--num-draw', '2', '--compare',
+        '--score-thr', '0', '--cfg-options', 'train_dataloader.batch_size=2',
+        'default_hooks.logger.interval=1', '--det-options', 'train_cfg.max_epochs=1',
+        '--seg-options', 'train_cfg.max_iters=2'
+    ]
     results = quickstart.main(argv)
     out = capsys.readouterr().out
     assert set(results) == {('det', 'pola'), ('det', 'softmax'), ('seg', 'pola'),
@@ -74,14 +76,13 @@ def test_quickstart_compare_fast(quickstart, tmp_path, capsys):
         summary = json.load(f)
     assert set(summary['results']) == {'det/pola', 'det/softmax', 'seg/pola', 'seg/softmax'}
     assert summary['data']['args']['num_train'] == 4
-    for text in ('Pola (LLLL)', 'softmax (SSSS)', 'bbox mAP', 'IoU triangle',
-                 'train time (s)', 'peak RSS (MiB)', 'predictions.png'):
+    for text in ('Pola (LLLL)', 'softmax (SSSS)', 'bbox mAP', 'IoU triangle', 'train time (s)',
+                 'peak RSS (MiB)', 'predictions.png'):
         assert text in out, out[-3000:]
 
 
 def test_format_table_one_variant(quickstart):
-    r = dict(metrics={'mIoU': 71.234, 'IoU.square': 60.0}, train_seconds=12.3,
-             peak_rss_mib=900)
+    r = dict(metrics={'mIoU': 71.234, 'IoU.square': 60.0}, train_seconds=12.3, peak_rss_mib=900)
     table = quickstart.format_table({('seg', 'pola'): r}, compare=False)
     assert 'softmax' not in table
     assert '71.23' in table and '60.00' in table and '12.3' in table and '900' in table

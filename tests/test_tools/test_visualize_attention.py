@@ -145,8 +145,7 @@ def test_quickstart_pvt_with_baseline_random_weights(tmp_path):
     # default points: the centre of the 512 x 600 image, mapped into the 55 x 64 input
     assert summary['points'][0]['image_xy'] == [256., 300.]
     x, y = summary['points'][0]['input_xy']
-    assert x == pytest.approx(256.5 * 55 / 512 - 0.5) and y == pytest.approx(300.5 * 64 / 600
-                                                                              - 0.5)
+    assert x == pytest.approx(256.5 * 55 / 512 - 0.5) and y == pytest.approx(300.5 * 64 / 600 - 0.5)
 
 
 def test_windowed_pola_swin_with_swin_baseline_and_checkpoint(tmp_path, swin_configs):

@@ -176,9 +176,10 @@ class PolaPVT(PolaBackboneBase):
     Args:
         arch (str | dict): 'tiny', 'small', 'medium', 'large' (or 't', 's', 'm',
             'l'; the official models), 'nano' (not official: tiny at half the width,
-            embed_dims 32-64-160-256, used by the quickstart), or a dict with ``embed_dims``, ``depths``, ``num_heads``,
-            ``mlp_ratios`` and ``sr_ratios`` (one value per stage each; missing
-            keys are an error). Default: 'tiny'.
+            embed_dims 32-64-160-256, used by the quickstart), or a dict with
+            ``embed_dims``, ``depths``, ``num_heads``, ``mlp_ratios`` and
+            ``sr_ratios`` (one value per stage each; missing keys are an error).
+            Default: 'tiny'.
         la_sr_ratios (Sequence[int] | str): Spatial reduction of the keys/values
             of each 'L' stage; '8421' is accepted too. Default: (1, 1, 1, 1), the
             official default.
