@@ -68,9 +68,29 @@ def test_paths_and_links_exist(doc):
     assert not missing, f'{doc} refers to missing files: {missing}'
 
 
+MD_NAME = re.compile(r'[\w.-]+\.md\b')
+# an absolute file-system path (not a URL, a ratio such as H/4, ~/ or {a,b}/x)
+ABS_PATH = re.compile(r'(?<![\w.)/:<~}])/(?:[\w.-]+/)+')
+UP_PATH = re.compile(r'(?<!\.)(?:\.\./)+[\w./-]*')
+
+
 def test_no_reference_outside_the_repository():
+    """The docs name only files the repository has (or its tools write): no other Markdown
+    file, no absolute path, no relative path that leaves the repository."""
+    repo_md = {
+        osp.basename(p)
+        for p in glob.glob(osp.join(ROOT, '**', '*.md'), recursive=True) if '.venv' not in p
+    }
+    for tool in glob.glob(osp.join(ROOT, 'tools', '**', '*.py'), recursive=True):
+        with open(tool) as f:  # reports the tools write, e.g. benchmark_backbone.md
+            repo_md.update(MD_NAME.findall(f.read()))
     for doc in DOCS:
         with open(osp.join(ROOT, doc)) as f:
             text = f.read()
-        for word in ('DESIGN.md', '/work/', 'shared/'):
-            assert word not in text, f'{doc} mentions {word!r}'
+        foreign = sorted(set(MD_NAME.findall(text)) - repo_md)
+        assert not foreign, f'{doc} names Markdown files the repository lacks: {foreign}'
+        absolute = ABS_PATH.findall(text)
+        assert not absolute, f'{doc} names absolute paths: {absolute}'
+        for path in UP_PATH.findall(text):
+            target = osp.normpath(osp.join(ROOT, osp.dirname(doc), path))
+            assert target.startswith(ROOT + osp.sep), f'{doc} points outside the repository: {path}'
