@@ -156,7 +156,19 @@ class PolaLinearAttention(nn.Module):
         """The inputs of the attention maths for the tokens ``x`` (B, H*W, C) on
         ``hw_shape`` (H, W): queries and keys divided by ``softplus(scale)``, ``P``
         added to the keys, split into heads; the values; the gate; the ``eps`` of
-        every batch entry; the key grid.
+        every batch entry; the key grid. The arguments are those of
+        :meth:`_project`."""
+        return self._project(x, hw_shape, padding_mask, pos_encoding, divide=True)[0]
+
+    def _project(self,
+                 x: Tensor,
+                 hw_shape: Sequence[int],
+                 padding_mask: Optional[Tensor] = None,
+                 pos_encoding: Optional[Tensor] = None,
+                 divide: bool = True) -> Tuple[AttentionInputs, Tensor]:
+        """:meth:`project`, and ``softplus(scale)`` as (1, h, 1, d); with
+        ``divide=False`` queries and keys are not divided by it (the op does that
+        in its features: ``pola_linear_attention(..., scale=...)``).
 
         Args:
             x (Tensor): Tokens (B, H*W, C).
@@ -173,6 +185,8 @@ class PolaLinearAttention(nn.Module):
             pos_encoding (Tensor, optional): ``P`` already laid out on the key grid
                 (1, h*w, C), e.g. resized for all blocks of a stage at once by
                 :class:`StagePositionalEncodings`; None resizes ``P`` here.
+            divide (bool): Divide queries and keys by ``softplus(scale)``.
+                Default: True.
         """
         B, N, C = x.shape
         H, W = hw_shape
@@ -206,12 +220,14 @@ class PolaLinearAttention(nn.Module):
             # the op's normaliser is q.sum(K)/n + eps: eps * n_real / n keeps that
             # of the real keys alone
             eps = keep.sum(dim=1).view(B, 1, 1, 1) * (eps / N)
-        scale = F.softplus(self.scale)
         h, d = self.num_heads, self.head_dims
-        q = (q / scale).unflatten(-1, (h, d)).transpose(1, 2)
-        k = (k / scale).unflatten(-1, (h, d)).transpose(1, 2)
+        q = q.unflatten(-1, (h, d)).transpose(1, 2)
+        k = k.unflatten(-1, (h, d)).transpose(1, 2)
         v = v.unflatten(-1, (h, d)).transpose(1, 2)
-        return AttentionInputs(q, k, v, g, eps, tuple(kv_hw))
+        scale = F.softplus(self.scale).view(1, h, 1, d)
+        if divide:
+            q, k = q / scale, k / scale
+        return AttentionInputs(q, k, v, g, eps, tuple(kv_hw)), scale
 
     def forward(self,
                 x: Tensor,
@@ -222,9 +238,10 @@ class PolaLinearAttention(nn.Module):
         the arguments are those of :meth:`project`. Returns (B, H*W, C)."""
         B, N, C = x.shape
         H, W = hw_shape
-        q, k, v, g, eps, _ = self.project(x, hw_shape, padding_mask, pos_encoding)
+        (q, k, v, g, eps, _), scale = self._project(
+            x, hw_shape, padding_mask, pos_encoding, divide=False)
         h, d, n = self.num_heads, self.head_dims, k.shape[2]
-        out = pola_linear_attention(q, k, v, self.power, self.alpha, eps)
+        out = pola_linear_attention(q, k, v, self.power, self.alpha, eps, scale=scale)
         out = out.transpose(1, 2).reshape(B, N, C)
 
         # Local term: one depthwise conv shared by all heads, on v laid out per head.

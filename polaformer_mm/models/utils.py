@@ -1,4 +1,5 @@
 """Small building blocks shared by the Pola backbones."""
+from functools import lru_cache
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -33,20 +34,41 @@ def pad_to_multiple(x: Tensor, multiple: int) -> Tensor:
     return x
 
 
+@lru_cache(maxsize=128)
+def interpolation_matrix(src: int, dst: int, mode: str, device: torch.device,
+                         dtype: torch.dtype) -> Tensor:
+    """The (dst, src) matrix ``A`` with ``A @ x`` = ``F.interpolate`` of ``x`` along
+    one axis from ``src`` to ``dst`` samples (``align_corners=False``): the weights
+    of PyTorch's own kernel, read off by interpolating the identity (in float64)."""
+    eye = torch.eye(src, dtype=torch.float64).view(src, 1, src, 1)
+    weights = F.interpolate(eye, size=(dst, 1), mode=mode, align_corners=False)
+    return weights.view(src, dst).t().to(device=device, dtype=dtype).contiguous()
+
+
 def resize_token_grid(tokens: Tensor, src_hw: Sequence[int], dst_hw: Sequence[int],
                       mode: str) -> Tensor:
-    """Resize (T, Hs*Ws, C) tokens laid out on ``src_hw`` to ``dst_hw``
-    (``F.interpolate`` with ``align_corners=False``); returned as they are when
-    the grids agree."""
+    """Resize (T, Hs*Ws, C) tokens laid out on ``src_hw`` to ``dst_hw``: the result
+    of ``F.interpolate(..., mode, align_corners=False)`` ('bilinear' or 'bicubic';
+    both are separable) up to rounding, as (T, Hd*Wd, C) contiguous tokens.
+
+    Computed as two matrix products with the interpolation matrices of the two axes
+    (cached per size), in the token layout: no channels-first copies, and a
+    backward pass that is two matrix products too (the CPU backward of
+    ``F.interpolate`` is a slow scatter). Returned as they are when the grids
+    agree.
+    """
     src_hw, dst_hw = tuple(src_hw), tuple(dst_hw)
     if src_hw == dst_hw:
         return tokens
     T, N, C = tokens.shape
-    if N != src_hw[0] * src_hw[1]:
+    (Hs, Ws), (Hd, Wd) = src_hw, dst_hw
+    if N != Hs * Ws:
         raise ValueError(f'{N} tokens cannot be laid out on a {src_hw} grid')
-    grid = tokens.reshape(T, src_hw[0], src_hw[1], C).permute(0, 3, 1, 2)
-    grid = F.interpolate(grid, size=dst_hw, mode=mode, align_corners=False)
-    return grid.flatten(2).transpose(1, 2)
+    rows = interpolation_matrix(Hs, Hd, mode, tokens.device, tokens.dtype)
+    cols = interpolation_matrix(Ws, Wd, mode, tokens.device, tokens.dtype)
+    x = torch.matmul(rows, tokens.reshape(T, Hs, Ws * C))  # (T, Hd, Ws*C)
+    x = torch.matmul(cols, x.reshape(T * Hd, Ws, C))  # (T*Hd, Wd, C)
+    return x.reshape(T, Hd * Wd, C)
 
 
 def run_blocks(blocks: Sequence[nn.Module],

@@ -41,8 +41,10 @@ features of one (batch, head), except that ``eps`` then weighs as ``eps / c``. S
 (batch, head)), clamped below at 0, and multiplies ``eps`` by :math:`e^{-(M_q + M_k)}`:
 the quotient is the one above up to rounding, every feature lies in [0, 1], and exact
 zeros stay exact zeros (they never raise ``M``). The features of non-zero inputs and the
-scaled ``eps`` are kept at or above the smallest normal number (``torch.finfo(dtype).tiny``),
-which keeps the vectorised CPU ``exp`` off its slow path and 0 / (0 + eps) at 0; next to
+scaled ``eps`` are kept at or above the smallest normal number (``torch.finfo(dtype).tiny``:
+exponents are floored at ``log(tiny) + 1/8``, since ``exp(log(tiny))`` rounds to a
+subnormal in float32), which keeps the vectorised CPU ``exp`` off its slow path (about
+50 times slower on subnormal results) and 0 / (0 + eps) at 0; next to
 the row's largest feature (1 when M > 0) or to ``eps`` (when M = 0) the change is below the
 rounding of the output. The output is finite for every finite input and every finite
 ``alpha > 0``, and so are the gradients at exact zeros (0 there, the slope of
@@ -173,34 +175,51 @@ def _value_split(d: int) -> int:
 # --------------------------------------------------------------------------------------
 
 
+def _exp_floor(dtype: torch.dtype) -> float:
+    """The smallest exponent the op passes to ``exp``: ``log(tiny) + 1/8``.
+
+    ``exp(log(tiny))`` itself rounds to a subnormal number in float32, and a
+    subnormal result sends the vectorised CPU ``exp`` to its slow path (about 50
+    times slower per element); ``exp(floor)`` is 1.13 ``tiny``, a normal number.
+    """
+    return math.log(torch.finfo(dtype).tiny) + 0.125
+
+
 def _scaled_features(x: Tensor,
                      p: Tensor,
                      per_row: bool,
                      shift: Optional[Tensor] = None,
-                     keep: bool = False):
+                     keep: bool = False,
+                     log_scale: Optional[Tensor] = None):
     """The features ``[x+, x-] * exp(-M)`` as two planes (2, ...) and the shift ``M``.
 
     ``M`` is max(0, max p log|x|) over the row (``per_row``) or over the last two dims,
-    unless given. A feature is ``exp(max(p log max(|x|, tiny) - M, log tiny))`` on the
-    channel's own polarity (sign of x) and 0 on the other: exact zeros give zero
+    unless given. A feature is ``exp(max(p log max(|x|, tiny) - M, floor))`` (floor:
+    :func:`_exp_floor`) on the channel's own polarity (sign of x) and 0 on the other;
+    with ``log_scale`` (broadcastable to x), ``log|x|`` is replaced by
+    ``log|x| - log_scale``: the features of ``x / scale``. Exact zeros give zero
     features and never raise ``M`` above 0, and no ``log`` or ``exp`` sees 0, inf or a
     result below the smallest normal number (the slow paths of the vectorised CPU
     kernels). The planes are contiguous and serve as scratch space, so that the only
     memory allocated is theirs. With ``keep`` also returns, for the backward pass,
-    ``p log max(|x|, tiny)`` and ``sign(x) / max(|x|, tiny)`` (0 at x == 0).
+    ``p (log max(|x|, tiny) - log_scale)`` and ``sign(x) / max(|x|, tiny)`` (0 at
+    x == 0).
     """
     info = torch.finfo(x.dtype)
     feats = x.new_empty((2, ) + x.shape)
     pos, neg = feats[0], feats[1]
     if keep:
         magnitude = torch.abs(x).clamp_min_(info.tiny)
-        scaled = torch.log(magnitude).mul_(p)
+        scaled = torch.log(magnitude)
     else:
-        scaled = torch.abs(x, out=pos).clamp_min_(info.tiny).log_().mul_(p)
+        scaled = torch.abs(x, out=pos).clamp_min_(info.tiny).log_()
+    if log_scale is not None:
+        scaled.sub_(log_scale)
+    scaled.mul_(p)
     if shift is None:
         dims = (-1, ) if per_row else (-2, -1)
         shift = scaled.amax(dim=dims, keepdim=True).clamp_min_(0)
-    torch.sub(scaled, shift, out=pos).clamp_min_(math.log(info.tiny)).exp_()
+    torch.sub(scaled, shift, out=pos).clamp_min_(_exp_floor(x.dtype)).exp_()
     torch.sign(x, out=neg)
     pos.mul_(neg)  # +-feature, 0 at x == 0
     if keep:
@@ -250,7 +269,7 @@ def _scaled_eps(eps: EpsType, shift_q: Tensor, shift_k: Tensor) -> Tensor:
     """``eps * exp(-(M_q + M_k))`` (B,h,N,1): the eps of the scaled features, at least
     the smallest normal number (so that 1 / eps is finite)."""
     tiny = torch.finfo(shift_q.dtype).tiny
-    scale = torch.add(shift_q, shift_k).neg_().clamp_min_(math.log(tiny)).exp_()
+    scale = torch.add(shift_q, shift_k).neg_().clamp_min_(_exp_floor(shift_q.dtype)).exp_()
     return scale.mul_(eps).clamp_min_(tiny)
 
 
@@ -274,35 +293,46 @@ def _planes_t_times(x: Tensor, y: Tensor) -> Tensor:
          torch.matmul(x[1].transpose(-2, -1), y)], dim=-2)
 
 
-def _feature_grads(prod: Tensor, scaled: Tensor, inv_x: Tensor, p: Tensor) -> Tuple[Tensor, Tensor]:
-    """Gradients of x (..., d) and of the exponent p (1,h,1,d), in place.
+def _token_sum(x: Tensor) -> Tensor:
+    """Sum of (B, h, N, d) over batch and tokens, (1, h, 1, d); over tokens first:
+    one reduction over dims (0, 2) at once takes a strided path many times slower."""
+    return x.sum(dim=2, keepdim=True).sum(dim=0, keepdim=True)
+
+
+def _feature_grads(prod: Tensor, scaled: Tensor, inv_x: Tensor, p: Tensor,
+                   with_scale: bool) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    """Gradients of x (..., d), of the exponent p (1,h,1,d) and, ``with_scale``, of
+    ``log_scale`` (1,h,1,d), in place.
 
     ``prod`` (2, ...) is the gradient of the feature planes times the features. With
-    f = |x|^p e^{-M} on the channel's own polarity (M held constant: the output does
-    not depend on it), df/dx = p f sign(x) / |x| and df/dp = f log|x|; both are 0 at
-    x == 0, where f is 0. ``inv_x`` becomes the gradient of x.
+    f = (|x| / s)^p e^{-M} on the channel's own polarity (M held constant: the output
+    does not depend on it), df/dx = p f sign(x) / |x|, df/dp = f log(|x| / s) and
+    df/dlog(s) = -p f; all are 0 at x == 0, where f is 0. ``inv_x`` becomes the
+    gradient of x.
     """
     r = prod[0].add_(prod[1])  # g f on the channel's own polarity
+    g_log_scale = _token_sum(r).mul_(p).neg_() if with_scale else None
     g_x = inv_x.mul_(r).mul_(p)
-    g_p = r.mul_(scaled).sum(dim=(0, 2), keepdim=True).div_(p)  # sum r log|x|
-    return g_x, g_p
+    g_p = _token_sum(r.mul_(scaled)).div_(p)  # sum r log(|x| / s)
+    return g_x, g_p, g_log_scale
 
 
 class _PolaAttentionFunction(torch.autograd.Function):
     """The torch path: O((N + n) d^2), features recomputed in the backward pass."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: float,
-                eps: EpsType) -> Tensor:
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: float, eps: EpsType,
+                scale: Optional[Tensor]) -> Tensor:
         d, n = q.shape[-1], k.shape[-2]
         d1 = _value_split(d)
         p = pola_exponent(power, alpha)
-        kf, shift_k = _scaled_features(k, p, per_row=False)
+        log_scale = None if scale is None else scale.log()
+        kf, shift_k = _scaled_features(k, p, per_row=False, log_scale=log_scale)
         kv = _planes_t_times(kf, v).div_(n)  # [k+, k-]^T v / n
         k_mean = kf.mean(dim=-2).permute(1, 2, 0, 3).reshape(kv.shape[:-1])
         W = _assemble_summary(kv, k_mean)
         del kf, kv, k_mean
-        qf, shift_q = _scaled_features(q, p, per_row=True)
+        qf, shift_q = _scaled_features(q, p, per_row=True, log_scale=log_scale)
         out_full = _times_planes(qf, W)
         del qf
         inv_den = out_full[..., d:].add_(_scaled_eps(eps, shift_q, shift_k)).reciprocal_()
@@ -311,11 +341,15 @@ class _PolaAttentionFunction(torch.autograd.Function):
         torch.mul(out_full[..., d1:d], inv_den[..., 1:], out=out[..., d1:])
         ctx.alpha = alpha
         ctx.eps_is_tensor = isinstance(eps, Tensor)
+        ctx.has_scale = scale is not None
+        saved = [q, k, v, power, W, shift_k]
+        if ctx.has_scale:
+            saved.append(scale)
         if ctx.eps_is_tensor:
-            ctx.save_for_backward(q, k, v, power, W, shift_k, eps)
+            saved.append(eps)
         else:
             ctx.eps = eps
-            ctx.save_for_backward(q, k, v, power, W, shift_k)
+        ctx.save_for_backward(*saved)
         return out
 
     @staticmethod
@@ -326,10 +360,11 @@ class _PolaAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, grad_out: Tensor):
-        if ctx.eps_is_tensor:
-            q, k, v, power, W, shift_k, eps = ctx.saved_tensors
-        else:
-            (q, k, v, power, W, shift_k), eps = ctx.saved_tensors, ctx.eps
+        saved = list(ctx.saved_tensors)
+        eps = saved.pop() if ctx.eps_is_tensor else ctx.eps
+        scale = saved.pop() if ctx.has_scale else None
+        q, k, v, power, W, shift_k = saved
+        log_scale = None if scale is None else scale.log()
         alpha = ctx.alpha
         d, n = q.shape[-1], k.shape[-2]
         d1 = _value_split(d)
@@ -338,7 +373,8 @@ class _PolaAttentionFunction(torch.autograd.Function):
 
         # Queries: recompute num and the denominators. out_c = num_c z (z = 1 / the
         # denominator of c's stream): dL/dnum_c = g_c z, dL/dden = -z sum_c (g_c z) num_c.
-        qf, shift_q, scaled, inv_x = _scaled_features(q, p, per_row=True, keep=True)
+        qf, shift_q, scaled, inv_x = _scaled_features(
+            q, p, per_row=True, keep=True, log_scale=log_scale)
         out_full = _times_planes(qf, W)
         inv_den = out_full[..., d:].add_(_scaled_eps(eps, shift_q, shift_k)).reciprocal_()
         g_full = out_full.new_empty(out_full.shape)  # [g z, dL/dden_sim, dL/dden_opp]
@@ -358,14 +394,15 @@ class _PolaAttentionFunction(torch.autograd.Function):
                 out=_bmm(g_feat))
             qf[i].mul_(g_feat)
         del out_full, g_full, g_feat
-        g_q, g_p = _feature_grads(qf, scaled, inv_x, p)
+        g_q, g_p, g_log_scale = _feature_grads(qf, scaled, inv_x, p, ctx.has_scale)
         del qf, scaled, inv_x
 
         # Keys: W holds [k+, k-]^T v / n and the key means.
         g_kv, g_mean = _summary_grads(gW, d)
         g_kv.div_(n)
         g_mean.div_(n)
-        kf, _, scaled, inv_x = _scaled_features(k, p, False, shift=shift_k, keep=True)
+        kf, _, scaled, inv_x = _scaled_features(
+            k, p, False, shift=shift_k, keep=True, log_scale=log_scale)
         g_v = _times_planes(kf, g_kv)
         g_feat = torch.empty_like(kf[0])
         v_b = _bmm(v)
@@ -378,17 +415,20 @@ class _PolaAttentionFunction(torch.autograd.Function):
                 out=_bmm(g_feat))
             kf[i].mul_(g_feat)
         del g_feat, v_b
-        g_k, g_pk = _feature_grads(kf, scaled, inv_x, p)
+        g_k, g_pk, g_log_scale_k = _feature_grads(kf, scaled, inv_x, p, ctx.has_scale)
         s = torch.sigmoid(power)
         g_power = g_p.add_(g_pk).mul_(s * (1 - s) * alpha)
-        return g_q, g_k, g_v, g_power, None, None
+        g_scale = None
+        if ctx.has_scale:
+            g_scale = g_log_scale.add_(g_log_scale_k).div_(scale)
+        return g_q, g_k, g_v, g_power, None, None, g_scale
 
 
-def _torch_path(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: float,
-                eps: EpsType) -> Tensor:
+def _torch_path(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: float, eps: EpsType,
+                scale: Optional[Tensor]) -> Tensor:
     if isinstance(eps, Tensor):
         eps = eps.to(q.dtype)
-    return _PolaAttentionFunction.apply(q, k, v, power, alpha, eps)
+    return _PolaAttentionFunction.apply(q, k, v, power, alpha, eps, scale)
 
 
 def _resolve_backend(backend: Optional[str], q: Tensor, k: Tensor, v: Tensor) -> str:
@@ -409,15 +449,17 @@ def pola_linear_attention(q: Tensor,
                           power: Tensor,
                           alpha: float = 4.0,
                           eps: EpsType = 1e-6,
-                          backend: Optional[str] = None) -> Tensor:
+                          backend: Optional[str] = None,
+                          scale: Optional[Tensor] = None) -> Tensor:
     """Polarity-aware linear attention without any N x n matrix.
 
     Half-precision inputs (and calls under autocast) are computed in float32 and the
     result cast back to the input dtype.
 
     Args:
-        q (Tensor): queries (B, h, N, d), already divided by the learned scale.
-        k (Tensor): keys (B, h, n, d), n >= 1.
+        q (Tensor): queries (B, h, N, d), already divided by the learned scale
+            (or see ``scale``).
+        k (Tensor): keys (B, h, n, d), n >= 1 (the same).
         v (Tensor): values (B, h, n, d).
         power (Tensor): the raw exponent parameter (1, h, 1, d).
         alpha (float): the exponent is ``1 + alpha * sigmoid(power)``; finite, > 0.
@@ -429,22 +471,33 @@ def pola_linear_attention(q: Tensor,
         backend (str, optional): 'torch', 'triton' (CUDA tensors, Triton installed,
             head width <= 128) or 'auto' (Triton where it applies, else torch); None
             takes the default of :func:`set_default_backend` ('auto').
+        scale (Tensor, optional): a positive (1, h, 1, d) divisor of q and k (the
+            modules' ``softplus(scale)``), differentiable: the result of passing
+            ``q / scale`` and ``k / scale``, up to rounding. The torch path folds it
+            into the features (``log|x| - log(scale)``), so those two tensors are
+            neither computed nor kept for the backward pass. Default: None.
 
     Returns:
         Tensor: (B, h, N, d), the same-signed stream in the first ``ceil(d/2)`` channels
         of every head and the opposite-signed stream in the rest.
     """
     alpha = _check_inputs(q, k, v, power, alpha, eps)
+    if scale is not None and scale.shape != power.shape:
+        raise ValueError(f'scale shape {tuple(scale.shape)} must be that of power '
+                         f'{tuple(power.shape)}')
     backend = _resolve_backend(backend, q, k, v)
     if backend == 'triton':
         from . import pola_attention_triton
+        if scale is not None:
+            q, k = q / scale, k / scale
         return pola_attention_triton.pola_linear_attention_triton(q, k, v, power, alpha, eps)
     low_precision = (torch.float16, torch.bfloat16)
     if q.dtype in low_precision or torch.is_autocast_enabled(q.device.type):
         with torch.autocast(q.device.type, enabled=False):
-            out = _torch_path(q.float(), k.float(), v.float(), power.float(), alpha, eps)
+            out = _torch_path(q.float(), k.float(), v.float(), power.float(), alpha, eps,
+                              None if scale is None else scale.float())
         return out.to(q.dtype)
-    return _torch_path(q, k, v, power, alpha, eps)
+    return _torch_path(q, k, v, power, alpha, eps, scale)
 
 
 # --------------------------------------------------------------------------------------

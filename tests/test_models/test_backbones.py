@@ -79,6 +79,25 @@ def test_window_padding_is_masked(hw):
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)
 
 
+def test_masked_softmax_windows_make_no_subnormals():
+    """Padded, shifted softmax windows: the masked weights are exact zeros, so no
+    subnormal float reaches the output projection (subnormals slow CPU matrix
+    products down several times; the official -100 mask gives exp(-100) ~ 4e-44)."""
+    torch.manual_seed(0)
+    swin = PolaSwin(
+        arch=dict(embed_dims=16, depths=[1, 1, 2, 1], num_heads=[1, 2, 2, 4]), attn_types='SSSS')
+    swin.init_weights()
+    block = swin.stages[2].blocks[1]
+    seen = []
+    block.attn.proj.register_forward_hook(lambda m, inp, out: seen.append(inp[0].detach()))
+    tiny = torch.finfo(torch.float32).tiny
+    with torch.no_grad():
+        block._window_attention(torch.randn(1, 10 * 11, 64), (10, 11))  # padded to 14x14
+    x = seen[0]
+    assert x.shape[0] == 4  # 2x2 windows, shifted
+    assert not ((x != 0) & (x.abs() < tiny)).any()
+
+
 def test_out_indices_and_norms():
     swin = PolaSwin(arch='tiny', out_indices=(1, 3))
     assert hasattr(swin, 'norm1') and hasattr(swin, 'norm3')
@@ -376,6 +395,28 @@ def _pvt_stage_with_resized_encodings():
     for attn in (b.attn for b in model.layers[0].blocks):
         torch.nn.init.normal_(attn.positional_encoding)
     return model
+
+
+@pytest.mark.parametrize('mode', ['bilinear', 'bicubic'])
+@pytest.mark.parametrize('src,dst', [((56, 56), (200, 334)), ((7, 7), (25, 42)),
+                                     ((56, 56), (28, 17)), ((3, 5), (1, 1)), ((1, 1), (4, 6))])
+def test_resize_token_grid_is_f_interpolate(mode, src, dst):
+    """The two matrix products give F.interpolate's values and gradients (float64),
+    as contiguous tokens."""
+    import torch.nn.functional as F
+
+    from polaformer_mm.models.utils import resize_token_grid
+    tokens = torch.randn(2, src[0] * src[1], 5, dtype=torch.float64, requires_grad=True)
+    grid = tokens.reshape(2, *src, 5).permute(0, 3, 1, 2)
+    expected = F.interpolate(grid, size=dst, mode=mode, align_corners=False)
+    expected = expected.flatten(2).transpose(1, 2)
+    ours = resize_token_grid(tokens, src, dst, mode)
+    assert ours.is_contiguous() and ours.shape == expected.shape
+    torch.testing.assert_close(ours, expected, rtol=0, atol=1e-12)
+    weights = torch.randn_like(expected)
+    g_expected, = torch.autograd.grad((expected * weights).sum(), tokens)
+    g_ours, = torch.autograd.grad((ours * weights).sum(), tokens)
+    torch.testing.assert_close(g_ours, g_expected, rtol=0, atol=1e-12)
 
 
 def test_stage_resizes_every_block_encoding_in_one_call():

@@ -71,14 +71,42 @@ def _window_regions(H: int, W: int, window_size: int, shift: int):
 
 
 @lru_cache(maxsize=64)
+def _window_gather(H: int, W: int, window_size: int, shift: int,
+                   device: torch.device) -> Tuple[Tensor, Tensor]:
+    """Token indices that lay an H x W map out as windows and back, in one gather
+    each (instead of padding, rolling and partitioning in three copies):
+    ``to_windows`` (nW * T,) holds for every window token its index in the map
+    padded to multiples of the window (Hp * Wp, row-major) and rolled by -shift,
+    windows in :func:`window_partition` order; ``from_windows`` (H * W,) holds for
+    every real token its position among the window tokens."""
+    Hp, Wp = _padded_size(H, window_size), _padded_size(W, window_size)
+    flat = torch.arange(Hp * Wp).view(1, Hp, Wp, 1)
+    if shift:
+        flat = torch.roll(flat, (-shift, -shift), dims=(1, 2))
+    to_windows = window_partition(flat, window_size).reshape(-1)
+    position = torch.empty_like(to_windows)
+    position[to_windows] = torch.arange(to_windows.numel())
+    real = (torch.arange(H)[:, None] * Wp + torch.arange(W)[None, :]).reshape(-1)
+    return to_windows.to(device), position[real].to(device)
+
+
+@lru_cache(maxsize=64)
 def _window_mask(H: int, W: int, window_size: int, shift: int, device: torch.device):
-    """Additive (nW, T, T) mask of the softmax windows: -100 between tokens of
+    """Additive (nW, T, T) mask of the softmax windows: -inf between tokens of
     different shift regions, and between real and padded tokens. None when nothing
-    is masked."""
+    is masked.
+
+    The official Swin adds -100, whose softmax weight exp(-100) ~ 4e-44 is a
+    subnormal float32: it changes no output of a real token (every token's own
+    region holds it), but subnormal weights and outputs (those of padded tokens)
+    make CPU matrix products several times slower. -inf gives those weights as
+    exact zeros; no row is ever fully masked.
+    """
     ids = _window_regions(H, W, window_size, shift)
     if ids is None:
         return None
-    mask = (ids[:, :, None] != ids[:, None, :]).float() * -100.0
+    mask = torch.zeros(ids.shape + ids.shape[-1:])
+    mask.masked_fill_(ids[:, :, None] != ids[:, None, :], float('-inf'))
     return mask.to(device)
 
 
@@ -185,12 +213,10 @@ class SwinBlock(BaseModule):
         ws = self.window_size
         shift = _window_shift(hw_shape, ws, self.shifted)
         Hp, Wp = _padded_size(H, ws), _padded_size(W, ws)
-        x = x.view(B, H, W, C)
         if (Hp, Wp) != (H, W):
-            x = F.pad(x, (0, 0, 0, Wp - W, 0, Hp - H))
-        if shift:
-            x = torch.roll(x, (-shift, -shift), dims=(1, 2))
-        windows = window_partition(x, ws)
+            x = F.pad(x.view(B, H, W, C), (0, 0, 0, Wp - W, 0, Hp - H))
+        to_windows, from_windows = _window_gather(H, W, ws, shift, x.device)
+        windows = x.reshape(B, Hp * Wp, C).index_select(1, to_windows).view(-1, ws * ws, C)
         if self.uses_pola:
             padding = _window_padding(H, W, ws, shift, x.device)
             if padding is not None:
@@ -201,10 +227,7 @@ class SwinBlock(BaseModule):
             if mask is not None:
                 mask = mask.to(x.dtype)
             windows = self.attn(windows, mask)
-        x = window_reverse(windows, ws, Hp, Wp)
-        if shift:
-            x = torch.roll(x, (shift, shift), dims=(1, 2))
-        return x[:, :H, :W].reshape(B, N, C)
+        return windows.view(B, -1, C).index_select(1, from_windows)
 
     def forward(self,
                 x: Tensor,
