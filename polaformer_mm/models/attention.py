@@ -244,15 +244,19 @@ class PolaLinearAttention(nn.Module):
         out = pola_linear_attention(q, k, v, self.power, self.alpha, eps, scale=scale)
         out = out.transpose(1, 2).reshape(B, N, C)
 
-        # Local term: one depthwise conv shared by all heads, on v laid out per head.
+        # Local term: one depthwise conv shared by all heads, run as one depthwise
+        # conv over all C = h*d channels with the kernel repeated per head (channel
+        # head * d + j uses kernel j), on v in its token layout (B, N, C) seen as a
+        # channels-last map: no per-head copies of v or of the result.
         if n != N:
             # the official code stretches the flattened key sequence (1-D linear).
             v = F.interpolate(v.transpose(-2, -1).reshape(B * h, d, n), size=N, mode='linear')
-            v = v.reshape(B, h, d, N).transpose(-2, -1)
-        v = v.reshape(B * h, H, W, d).permute(0, 3, 1, 2)  # channels-last layout
-        v = depthwise_conv2d(v, self.dwc.weight, self.dwc.bias)
-        # (B*h, d, H, W) -> (B, N, h*d), channel index head * d + j
-        v = v.permute(0, 2, 3, 1).reshape(B, h, N, d).transpose(1, 2).reshape(B, N, C)
+            v = v.reshape(B, C, H, W).contiguous(memory_format=torch.channels_last)
+        else:
+            v = v.transpose(1, 2).reshape(B, H, W, C).permute(0, 3, 1, 2)
+        bias = None if self.dwc.bias is None else self.dwc.bias.repeat(h)
+        v = depthwise_conv2d(v, self.dwc.weight.repeat(h, 1, 1, 1), bias)
+        v = v.permute(0, 2, 3, 1).reshape(B, N, C)
 
         out = self.proj((out + v) * g)
         return self.proj_drop(out)

@@ -317,6 +317,17 @@ def _feature_grads(prod: Tensor, scaled: Tensor, inv_x: Tensor, p: Tensor,
     return g_x, g_p, g_log_scale
 
 
+def _output_like(q: Tensor) -> Tensor:
+    """An empty (B, h, N, d) tensor in q's layout: heads inside tokens, (B, N, h, d) in
+    memory, when q was split from (B, N, h*d) tokens (also when those were a slice of
+    a wider projection, which ``empty_like`` would make contiguous), so that merging
+    the heads back is a view; else ``empty_like``."""
+    if q.dim() == 4 and q.stride(1) < q.stride(2):
+        B, h, N, d = q.shape
+        return q.new_empty(B, N, h, d).transpose(1, 2)
+    return torch.empty_like(q)
+
+
 class _PolaAttentionFunction(torch.autograd.Function):
     """The torch path: O((N + n) d^2), features recomputed in the backward pass."""
 
@@ -336,7 +347,7 @@ class _PolaAttentionFunction(torch.autograd.Function):
         out_full = _times_planes(qf, W)
         del qf
         inv_den = out_full[..., d:].add_(_scaled_eps(eps, shift_q, shift_k)).reciprocal_()
-        out = torch.empty_like(q)
+        out = _output_like(q)
         torch.mul(out_full[..., :d1], inv_den[..., :1], out=out[..., :d1])
         torch.mul(out_full[..., d1:d], inv_den[..., 1:], out=out[..., d1:])
         ctx.alpha = alpha

@@ -229,6 +229,11 @@ def test_output_keeps_the_layout_of_q():
     out = pola_linear_attention(q, k, v, power)
     assert out.stride() == q.stride()
     torch.testing.assert_close(out, pola_linear_attention(q.contiguous(), k, v, power))
+    # queries sliced from a wider projection (q, k, v, g of one linear layer)
+    q = torch.randn(B, N, 4, h * d)[:, :, 0].unflatten(-1, (h, d)).transpose(1, 2)
+    out = pola_linear_attention(q, k, v, power)
+    assert out.transpose(1, 2).is_contiguous()
+    torch.testing.assert_close(out, pola_linear_attention(q.contiguous(), k, v, power))
 
 
 @pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
