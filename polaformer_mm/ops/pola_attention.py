@@ -1,7 +1,8 @@
 r"""Polarity-aware linear attention (PolaFormer) as functions.
 
-Inputs are already divided by ``softplus(scale)`` and split into heads: ``q`` (B, h, N, d),
-``k`` and ``v`` (B, h, n, d). ``power`` is the raw learned (1, h, 1, d) parameter; the
+Inputs are split into heads, ``q`` (B, h, N, d), ``k`` and ``v`` (B, h, n, d), with q and k
+already divided by ``softplus(scale)`` or that divisor given as ``scale=`` (folded into the
+features by :func:`pola_linear_attention`). ``power`` is the raw learned (1, h, 1, d) parameter; the
 exponent of channel j is :math:`p_j = 1 + \alpha\,\sigma(\text{power}_j) > 1`.
 
 The maths. The polarity features of a vector x are :math:`x^+ = \text{relu}(x)^p` and
