@@ -54,8 +54,9 @@ def resize_token_grid(tokens: Tensor, src_hw: Sequence[int], dst_hw: Sequence[in
     Computed as two matrix products with the interpolation matrices of the two axes
     (cached per size), in the token layout: no channels-first copies, and a
     backward pass that is two matrix products too (the CPU backward of
-    ``F.interpolate`` is a slow scatter). Returned as they are when the grids
-    agree.
+    ``F.interpolate`` is a slow scatter). Under a jit trace (FLOP counting, export)
+    it is ``F.interpolate`` itself, one traced operator. Returned as they are when
+    the grids agree.
     """
     src_hw, dst_hw = tuple(src_hw), tuple(dst_hw)
     if src_hw == dst_hw:
@@ -64,6 +65,10 @@ def resize_token_grid(tokens: Tensor, src_hw: Sequence[int], dst_hw: Sequence[in
     (Hs, Ws), (Hd, Wd) = src_hw, dst_hw
     if N != Hs * Ws:
         raise ValueError(f'{N} tokens cannot be laid out on a {src_hw} grid')
+    if torch.jit.is_tracing():
+        grid = tokens.reshape(T, Hs, Ws, C).permute(0, 3, 1, 2)
+        grid = F.interpolate(grid, size=dst_hw, mode=mode, align_corners=False)
+        return grid.flatten(2).transpose(1, 2)
     rows = interpolation_matrix(Hs, Hd, mode, tokens.device, tokens.dtype)
     cols = interpolation_matrix(Ws, Wd, mode, tokens.device, tokens.dtype)
     x = torch.matmul(rows, tokens.reshape(T, Hs, Ws * C))  # (T, Hd, Ws*C)

@@ -63,7 +63,8 @@ ELEMENTWISE_OPS = {
                  'sigmoid silu softmax softplus sqrt sub sum where fill_ ne __or__ '
                  '__and__ lt le bitwise_or im2col col2im pad unflatten clone '
                  'log_softmax tanh hardtanh erf lift_fresh any all argmax '
-                 'feature_dropout max_pool2d avg_pool2d sort topk repeat').split()
+                 'feature_dropout max_pool2d avg_pool2d sort topk repeat index_select '
+                 'masked_fill masked_fill_').split()
 }
 
 

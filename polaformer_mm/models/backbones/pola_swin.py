@@ -3,6 +3,7 @@ import re
 from functools import lru_cache
 from typing import Dict, Iterator, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -80,14 +81,17 @@ def _window_gather(H: int, W: int, window_size: int, shift: int,
     windows in :func:`window_partition` order; ``from_windows`` (H * W,) holds for
     every real token its position among the window tokens."""
     Hp, Wp = _padded_size(H, window_size), _padded_size(W, window_size)
-    flat = torch.arange(Hp * Wp).view(1, Hp, Wp, 1)
+    # built with numpy: no tensor operations for a trace (get_flops) to record
+    flat = np.arange(Hp * Wp).reshape(Hp, Wp)
     if shift:
-        flat = torch.roll(flat, (-shift, -shift), dims=(1, 2))
-    to_windows = window_partition(flat, window_size).reshape(-1)
-    position = torch.empty_like(to_windows)
-    position[to_windows] = torch.arange(to_windows.numel())
-    real = (torch.arange(H)[:, None] * Wp + torch.arange(W)[None, :]).reshape(-1)
-    return to_windows.to(device), position[real].to(device)
+        flat = np.roll(flat, (-shift, -shift), axis=(0, 1))
+    rows, cols = Hp // window_size, Wp // window_size
+    to_windows = flat.reshape(rows, window_size, cols, window_size).transpose(0, 2, 1, 3)
+    to_windows = to_windows.reshape(-1)
+    position = np.empty_like(to_windows)
+    position[to_windows] = np.arange(to_windows.size)
+    real = (np.arange(H)[:, None] * Wp + np.arange(W)[None, :]).reshape(-1)
+    return (torch.from_numpy(to_windows).to(device), torch.from_numpy(position[real]).to(device))
 
 
 @lru_cache(maxsize=64)
@@ -208,7 +212,8 @@ class SwinBlock(BaseModule):
         self.mlp = Mlp(embed_dims, int(embed_dims * mlp_ratio), drop=drop_rate, act_cfg=act_cfg)
 
     def _window_attention(self, x: Tensor, hw_shape: Sequence[int]) -> Tensor:
-        H, W = hw_shape
+        # plain ints (a jit trace passes sizes as tensors): keys of the cached layouts
+        H, W = (int(s) for s in hw_shape)
         B, N, C = x.shape
         ws = self.window_size
         shift = _window_shift(hw_shape, ws, self.shifted)
