@@ -8,12 +8,15 @@ from polaformer_mm.ops import depthwise_conv2d
 
 @pytest.mark.parametrize('shape,k', [((2, 3, 7, 9), 5), ((1, 4, 5, 5), 3), ((3, 2, 1, 6), 7),
                                      ((1, 1, 11, 4), 1)])
-@pytest.mark.parametrize('channels_last', [False, True])
+@pytest.mark.parametrize('channels_last', [False, True, 'tokens'])
 @pytest.mark.parametrize('with_bias', [True, False])
 def test_same_result_and_gradients_as_conv2d(shape, k, channels_last, with_bias):
     torch.manual_seed(0)
     x = torch.randn(*shape, dtype=torch.float64)
-    if channels_last:
+    if channels_last == 'tokens':  # channels innermost, a view of wider tokens
+        x = torch.randn(shape[0], shape[2], shape[3], 2 * shape[1], dtype=torch.float64)
+        x = x[..., :shape[1]].permute(0, 3, 1, 2)
+    elif channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     weight = torch.randn(shape[1], 1, k, k, dtype=torch.float64)
     bias = torch.randn(shape[1], dtype=torch.float64) if with_bias else None
