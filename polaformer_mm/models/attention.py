@@ -193,23 +193,13 @@ class PolaLinearAttention(nn.Module):
         if N != H * W or C != self.embed_dims:
             raise ValueError(f'PolaLinearAttention expects (B, {H}*{W}, {self.embed_dims}) '
                              f'tokens for hw_shape {tuple(hw_shape)}; got {tuple(x.shape)}')
-        if padding_mask is not None:
-            if self.family != 'swin':
-                raise ValueError('padding_mask needs keys on the query grid (the '
-                                 "'swin' family)")
-            if padding_mask.shape != (B, N):
-                raise ValueError(f'padding_mask must be ({B}, {N}), got '
-                                 f'{tuple(padding_mask.shape)}')
-            pad = padding_mask.unsqueeze(-1)
         if self.family == 'swin':
-            qkvg = self.qkvg(x)
-            if padding_mask is not None:
-                # zero every projection of the padded tokens, in place (the linear
-                # layer keeps its input, not its output): no masked copy of v
-                qkvg = qkvg.masked_fill_(pad, 0)
-            q, k, v, g = qkvg.unflatten(-1, (4, C)).unbind(-2)
+            q, k, v, g = self.qkvg(x).unflatten(-1, (4, C)).unbind(-2)
             kv_hw = (H, W)
         else:
+            if padding_mask is not None:
+                raise ValueError('padding_mask needs keys on the query grid (the '
+                                 "'swin' family)")
             q, g = self.qg(x).unflatten(-1, (2, C)).unbind(-2)
             kv_hw = (H, W)
             if self.reduction is not None:
@@ -222,11 +212,14 @@ class PolaLinearAttention(nn.Module):
         k = k + pos_encoding
         eps = 1e-6
         if padding_mask is not None:
-            k = k.masked_fill_(pad, 0)  # P added to padded keys: zero them again
+            if padding_mask.shape != (B, N):
+                raise ValueError(f'padding_mask must be ({B}, {N}), got '
+                                 f'{tuple(padding_mask.shape)}')
+            keep = (~padding_mask).unsqueeze(-1).to(k.dtype)
+            k, v = k * keep, v * keep
             # the op's normaliser is q.sum(K)/n + eps: eps * n_real / n keeps that
             # of the real keys alone
-            real = (~padding_mask).sum(dim=1).to(k.dtype)
-            eps = real.view(B, 1, 1, 1) * (eps / N)
+            eps = keep.sum(dim=1).view(B, 1, 1, 1) * (eps / N)
         h, d = self.num_heads, self.head_dims
         q = q.unflatten(-1, (h, d)).transpose(1, 2)
         k = k.unflatten(-1, (h, d)).transpose(1, 2)

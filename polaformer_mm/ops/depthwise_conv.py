@@ -11,8 +11,7 @@ same gradients with two ordinary convolutions instead:
   channels-last layout that oneDNN's depthwise kernels prefer;
 * weight gradient: for channel c, ``gw[c, i, j] = sum_{b,y,x} x_pad[b, c, y+i, x+j] *
   g[b, c, y, x]``, which is a grouped convolution of the padded input with the output
-  gradient as a (H x W) kernel, one group per (batch, channel), summed over the batch
-  (for channels-last inputs one C-group convolution per batch entry, on views).
+  gradient as a (H x W) kernel, one group per (batch, channel), summed over the batch.
 
 Elsewhere (CUDA, or when no gradient is needed) it is ``F.conv2d``.
 """
@@ -23,28 +22,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = ['depthwise_conv2d']
-
-
-def _weight_grad(x: Tensor, grad: Tensor, k: int) -> Tensor:
-    """The (C, 1, k, k) weight gradient: per channel, the correlation of the padded
-    input with the output gradient, summed over the batch, as grouped convolutions
-    with the gradient as a (H x W) kernel."""
-    B, C, H, W = x.shape
-    pad = k // 2
-    if x.stride(1) == 1 and C > 1:
-        # channels innermost (channels-last, also as a view of wider tokens): pad in
-        # that layout (a plain copy) and run one C-group conv per batch entry on views,
-        # no layout-changing copies of the input or the gradient (2-3x faster than the
-        # (1, B*C) form below on such inputs)
-        x_pad = F.pad(x.permute(0, 2, 3, 1), (0, 0, pad, pad, pad, pad)).permute(0, 3, 1, 2)
-        grad_w = None
-        for b in range(B):
-            part = F.conv2d(x_pad[b:b + 1], grad[b].unsqueeze(1), groups=C)
-            grad_w = part if grad_w is None else grad_w.add_(part)
-        return grad_w.reshape(C, 1, k, k)
-    x_pad = F.pad(x, (pad, pad, pad, pad)).reshape(1, B * C, H + 2 * pad, W + 2 * pad)
-    grad_w = F.conv2d(x_pad, grad.reshape(B * C, 1, H, W), groups=B * C)
-    return grad_w.reshape(B, C, 1, k, k).sum(0)
 
 
 class _DepthwiseConv2d(torch.autograd.Function):
@@ -70,7 +47,9 @@ class _DepthwiseConv2d(torch.autograd.Function):
                 padding=pad,
                 groups=C)
         if ctx.needs_input_grad[1]:
-            grad_w = _weight_grad(x, grad, k)
+            x_pad = F.pad(x, (pad, pad, pad, pad)).reshape(1, B * C, H + 2 * pad, W + 2 * pad)
+            grad_w = F.conv2d(x_pad, grad.reshape(B * C, 1, H, W), groups=B * C)
+            grad_w = grad_w.reshape(B, C, 1, k, k).sum(0)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = grad.sum((0, 2, 3))
         return grad_x, grad_w, grad_b
