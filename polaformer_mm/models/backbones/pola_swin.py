@@ -216,7 +216,7 @@ class SwinBlock(BaseModule):
         H, W = (int(s) for s in hw_shape)
         B, N, C = x.shape
         ws = self.window_size
-        shift = _window_shift(hw_shape, ws, self.shifted)
+        shift = _window_shift((H, W), ws, self.shifted)
         Hp, Wp = _padded_size(H, ws), _padded_size(W, ws)
         if (Hp, Wp) != (H, W):
             x = F.pad(x.view(B, H, W, C), (0, 0, 0, Wp - W, 0, Hp - H))
