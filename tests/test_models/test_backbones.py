@@ -43,6 +43,36 @@ def test_forward_any_size(tiny_models, hw):
         assert all(torch.isfinite(o).all() for o in outs)
 
 
+@pytest.mark.parametrize('arch', ['pvt', 'swin', 'swin-global'])
+def test_outputs_are_contiguous_maps_for_mmcv_ops(tiny_models, arch):
+    """The maps are plain contiguous NCHW, as mmdet's backbones return them: mmcv's
+    compiled RoIAlign indexes its input as NCHW without looking at its strides, and a
+    channels-last map (the token layout viewed as a map, which the FPN's convolutions
+    keep) gave a Mask R-CNN scrambled RoI features. Checked through mmdet's FPN and RoI
+    extractor, the path of every two-stage detector."""
+    from mmdet.registry import MODELS as DET_MODELS
+    model = tiny_models[['pvt', 'swin', 'swin-global'].index(arch)]
+    x = torch.randn(2, 3, 96, 128)
+    with torch.no_grad():
+        outs = model(x)
+    torch.manual_seed(0)
+    neck = DET_MODELS.build(
+        dict(type='FPN', in_channels=list(model.num_features), out_channels=16, num_outs=4))
+    extractor = DET_MODELS.build(
+        dict(
+            type='SingleRoIExtractor',
+            roi_layer=dict(type='RoIAlign', output_size=7, sampling_ratio=0),
+            out_channels=16,
+            featmap_strides=[4, 8, 16, 32]))
+    rois = torch.tensor([[0, 4., 6., 40., 50.], [1, 30., 20., 120., 90.], [1, 0., 0., 16., 16.]])
+    with torch.no_grad():
+        feats = neck(outs)
+        got = extractor(feats, rois)
+        want = extractor([f.clone(memory_format=torch.contiguous_format) for f in feats], rois)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert all(o.is_contiguous() for o in outs)
+
+
 def test_softmax_stages_and_spatial_reduction_at_odd_sizes():
     torch.manual_seed(0)
     pvt = PolaPVT(arch='tiny', attn_types='LLSS', la_sr_ratios=(8, 4, 2, 1)).eval()

@@ -164,7 +164,12 @@ class PolaBackboneBase(BaseModule):
         last = max(self.out_indices)
         for i, (tokens, hw_shape) in enumerate(self.forward_stages(x)):
             if i in self.out_indices:
-                outs.append(nlc_to_nchw(self._stage_output(i, tokens), hw_shape))
+                # contiguous (B, C, H, W), as mmdet's and mmseg's backbones return: the
+                # token layout viewed as a map is channels-last, which convolutions
+                # carry on to the neck's outputs, and mmcv's compiled ops (RoIAlign in
+                # every two-stage head, among others) index their input as plain NCHW
+                # without checking its strides: they would read scrambled features
+                outs.append(nlc_to_nchw(self._stage_output(i, tokens), hw_shape).contiguous())
             if i == last:
                 break
         return tuple(outs)
