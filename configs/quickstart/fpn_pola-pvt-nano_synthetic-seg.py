@@ -31,13 +31,26 @@ model = dict(
         drop_path_rate=0.,
         out_indices=(0, 1, 2, 3),
         init_cfg=None),  # from scratch: no ImageNet weights are needed
-    neck=dict(in_channels=backbone_dims, out_channels=channels),
+    # GroupNorm in the neck, as in the Mask R-CNN quickstart: the raw stage maps of a randomly
+    # initialised backbone differ in scale from stage to stage
+    neck=dict(
+        in_channels=backbone_dims,
+        out_channels=channels,
+        norm_cfg=dict(type='GN', num_groups=16, requires_grad=True)),
     decode_head=dict(
         in_channels=[channels] * 4,
         channels=channels,
         num_classes=num_classes,
         norm_cfg=norm_cfg,
-        dropout_ratio=0.))
+        dropout_ratio=0.,
+        # background is about 85% of the pixels: weighted down so that telling the shapes
+        # apart is not drowned by it (measured, seeds 0 / 1 / 2: mIoU 74.1 / 74.7 / 70.0 with
+        # both changes, 67.2 / - / - with neither, 69.2 / 68.3 / - with the weights alone)
+        loss_decode=dict(
+            type='CrossEntropyLoss',
+            use_sigmoid=False,
+            loss_weight=1.0,
+            class_weight=[0.2, 1., 1., 1.])))
 
 train_pipeline = [
     dict(type='LoadImageFromFile'),
@@ -82,8 +95,7 @@ val_evaluator = dict(type='IoUMetric', iou_metrics=['mIoU'])
 test_evaluator = val_evaluator
 
 # 3200 iterations of 8 images: about 8.5 epochs. Most of the shape classes' IoU comes late,
-# while the cosine schedule brings the learning rate down (measured: mIoU 39 / 54 / 68 / 71
-# after 800 / 1600 / 2400 / 3200 iterations)
+# while the cosine schedule brings the learning rate down
 max_iters = 3200
 train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=max_iters)
 optim_wrapper = dict(
