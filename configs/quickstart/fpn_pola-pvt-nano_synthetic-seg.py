@@ -31,8 +31,8 @@ model = dict(
         drop_path_rate=0.,
         out_indices=(0, 1, 2, 3),
         init_cfg=None),  # from scratch: no ImageNet weights are needed
-    # GroupNorm in the neck, as in the Mask R-CNN quickstart: the raw stage maps of a randomly
-    # initialised backbone differ in scale from stage to stage
+    # GroupNorm in the neck, as in the Mask R-CNN quickstart (mmdet's from-scratch recipe): the
+    # backbone's raw stage maps change scale as it learns, the neck's outputs stay normalised
     neck=dict(
         in_channels=backbone_dims,
         out_channels=channels,
