@@ -300,20 +300,24 @@ def _token_sum(x: Tensor) -> Tensor:
     return x.sum(dim=2, keepdim=True).sum(dim=0, keepdim=True)
 
 
-def _feature_grads(prod: Tensor, scaled: Tensor, inv_x: Tensor, p: Tensor,
-                   with_scale: bool) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+def _feature_grads(prod: Tensor,
+                   scaled: Tensor,
+                   inv_x: Tensor,
+                   p: Tensor,
+                   with_scale: bool,
+                   out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
     """Gradients of x (..., d), of the exponent p (1,h,1,d) and, ``with_scale``, of
     ``log_scale`` (1,h,1,d), in place.
 
     ``prod`` (2, ...) is the gradient of the feature planes times the features. With
     f = (|x| / s)^p e^{-M} on the channel's own polarity (M held constant: the output
     does not depend on it), df/dx = p f sign(x) / |x|, df/dp = f log(|x| / s) and
-    df/dlog(s) = -p f; all are 0 at x == 0, where f is 0. ``inv_x`` becomes the
-    gradient of x.
+    df/dlog(s) = -p f; all are 0 at x == 0, where f is 0. The gradient of x is written
+    to ``out`` (any layout) when given, else into ``inv_x``.
     """
     r = prod[0].add_(prod[1])  # g f on the channel's own polarity
     g_log_scale = _token_sum(r).mul_(p).neg_() if with_scale else None
-    g_x = inv_x.mul_(r).mul_(p)
+    g_x = torch.mul(inv_x, r, out=inv_x if out is None else out).mul_(p)
     g_p = _token_sum(r.mul_(scaled)).div_(p)  # sum r log(|x| / s)
     return g_x, g_p, g_log_scale
 
@@ -329,28 +333,94 @@ def _output_like(q: Tensor) -> Tensor:
     return torch.empty_like(q)
 
 
+#: Elements (B' * h * rows * d) of one feature plane per block of the torch path; inputs
+#: of up to four times that run as one block (the loop's overhead outweighs the gain).
+_BLOCK_ELEMENTS = 1 << 18
+
+
+def _blocks(x: Tensor):
+    """Blocks of (batch entries, tokens) of x (B, h, N, d) whose feature planes hold
+    about ``_BLOCK_ELEMENTS`` each: ranges of tokens of one batch entry when an entry
+    is larger than that, else ranges of whole batch entries (e.g. Swin windows); one
+    block for small inputs. Yields (batch slice, token slice)."""
+    B, h, N, d = x.shape
+    per_entry = h * N * d
+    if B * per_entry <= 4 * _BLOCK_ELEMENTS:
+        yield slice(0, B), slice(0, N)
+    elif per_entry > _BLOCK_ELEMENTS:
+        rows = -(-N // -(-per_entry // _BLOCK_ELEMENTS))  # equal blocks of <= the size
+        for b in range(B):
+            for t in range(0, N, rows):
+                yield slice(b, b + 1), slice(t, min(t + rows, N))
+    else:
+        step = _BLOCK_ELEMENTS // per_entry
+        for b in range(0, B, step):
+            yield slice(b, min(b + step, B)), slice(0, N)
+
+
+def _key_shift(k: Tensor, p: Tensor, log_scale: Optional[Tensor]) -> Tensor:
+    """``M_k`` (B,h,1,1): max(0, the largest p (log max(|k|, tiny) - log_scale) of the
+    (batch, head)), from the largest magnitude of each channel (log and the products
+    with p > 0 preserve the order)."""
+    # two reductions: torch.aminmax over tokens is about 10 times slower on the CPU
+    high, low = k.amax(dim=-2, keepdim=True), k.amin(dim=-2, keepdim=True)
+    scaled = torch.maximum(high, low.neg_()).clamp_min_(torch.finfo(k.dtype).tiny).log_()
+    if log_scale is not None:
+        scaled.sub_(log_scale)
+    return scaled.mul_(p).amax(dim=-1, keepdim=True).clamp_min_(0)
+
+
+def _batch_rows(eps: EpsType, batch: slice) -> EpsType:
+    """The eps of the batch entries ``batch``: a float as it is, a (B, h, 1, 1) tensor
+    sliced."""
+    return eps[batch] if isinstance(eps, Tensor) else eps
+
+
 class _PolaAttentionFunction(torch.autograd.Function):
-    """The torch path: O((N + n) d^2), features recomputed in the backward pass."""
+    """The torch path: O((N + n) d^2), features recomputed in the backward pass.
+
+    Every pass over the tokens runs block by block (:func:`_blocks`): the feature
+    planes of a block and the temporaries of its element-wise maths stay in the CPU's
+    caches between the operations that make and use them, instead of making one trip
+    to main memory per operation over all N tokens, and nothing of size N x d is
+    allocated but the results.
+    """
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: float, eps: EpsType,
                 scale: Optional[Tensor]) -> Tensor:
-        d, n = q.shape[-1], k.shape[-2]
+        B, h, _, d = q.shape
+        n = k.shape[-2]
         d1 = _value_split(d)
         p = pola_exponent(power, alpha)
         log_scale = None if scale is None else scale.log()
-        kf, shift_k = _scaled_features(k, p, per_row=False, log_scale=log_scale)
-        kv = _planes_t_times(kf, v).div_(n)  # [k+, k-]^T v / n
-        k_mean = kf.mean(dim=-2).permute(1, 2, 0, 3).reshape(kv.shape[:-1])
-        W = _assemble_summary(kv, k_mean)
-        del kf, kv, k_mean
-        qf, shift_q = _scaled_features(q, p, per_row=True, log_scale=log_scale)
-        out_full = _times_planes(qf, W)
-        del qf
-        inv_den = out_full[..., d:].add_(_scaled_eps(eps, shift_q, shift_k)).reciprocal_()
+        eps_full = eps.expand(B, h, 1, 1) if isinstance(eps, Tensor) else eps
+
+        # Keys: [k+, k-]^T v and the feature sums, block by block, as two planes.
+        shift_k = _key_shift(k, p, log_scale)
+        kv = k.new_zeros((2, B, h, d, d))
+        k_sum = k.new_zeros((2, B, h, d))
+        for bs, ts in _blocks(k):
+            kf, _ = _scaled_features(
+                k[bs, :, ts], p, per_row=False, shift=shift_k[bs], log_scale=log_scale)
+            v_b = v[bs, :, ts]
+            for i in range(2):
+                kv[i, bs] += torch.matmul(kf[i].transpose(-2, -1), v_b)
+            k_sum[:, bs] += kf.sum(dim=-2)
+        kv = kv.permute(1, 2, 0, 3, 4).reshape(B, h, 2 * d, d).div_(n)
+        W = _assemble_summary(kv, k_sum.permute(1, 2, 0, 3).reshape(B, h, 2 * d).div_(n))
+        del kv, k_sum
+
         out = _output_like(q)
-        torch.mul(out_full[..., :d1], inv_den[..., :1], out=out[..., :d1])
-        torch.mul(out_full[..., d1:d], inv_den[..., 1:], out=out[..., d1:])
+        for bs, ts in _blocks(q):
+            qf, shift_q = _scaled_features(q[bs, :, ts], p, per_row=True, log_scale=log_scale)
+            out_full = _times_planes(qf, W[bs])
+            del qf
+            inv_den = out_full[..., d:].add_(
+                _scaled_eps(_batch_rows(eps_full, bs), shift_q, shift_k[bs])).reciprocal_()
+            out_b = out[bs, :, ts]
+            torch.mul(out_full[..., :d1], inv_den[..., :1], out=out_b[..., :d1])
+            torch.mul(out_full[..., d1:d], inv_den[..., 1:], out=out_b[..., d1:])
         ctx.alpha = alpha
         ctx.eps_is_tensor = isinstance(eps, Tensor)
         ctx.has_scale = scale is not None
@@ -377,62 +447,73 @@ class _PolaAttentionFunction(torch.autograd.Function):
         scale = saved.pop() if ctx.has_scale else None
         q, k, v, power, W, shift_k = saved
         log_scale = None if scale is None else scale.log()
-        alpha = ctx.alpha
-        d, n = q.shape[-1], k.shape[-2]
+        alpha, has_scale = ctx.alpha, ctx.has_scale
+        B, h, _, d = q.shape
+        n = k.shape[-2]
         d1 = _value_split(d)
         p = pola_exponent(power, alpha)
         grad_out = grad_out.to(q.dtype)
+        eps_full = eps.expand(B, h, 1, 1) if isinstance(eps, Tensor) else eps
+        g_p = torch.zeros_like(p)
+        g_log_scale = torch.zeros_like(p) if has_scale else None
 
-        # Queries: recompute num and the denominators. out_c = num_c z (z = 1 / the
-        # denominator of c's stream): dL/dnum_c = g_c z, dL/dden = -z sum_c (g_c z) num_c.
-        qf, shift_q, scaled, inv_x = _scaled_features(
-            q, p, per_row=True, keep=True, log_scale=log_scale)
-        out_full = _times_planes(qf, W)
-        inv_den = out_full[..., d:].add_(_scaled_eps(eps, shift_q, shift_k)).reciprocal_()
-        g_full = out_full.new_empty(out_full.shape)  # [g z, dL/dden_sim, dL/dden_opp]
-        torch.mul(grad_out[..., :d1], inv_den[..., :1], out=g_full[..., :d1])
-        torch.mul(grad_out[..., d1:], inv_den[..., 1:], out=g_full[..., d1:d])
-        g_num = out_full[..., :d].mul_(g_full[..., :d])
-        torch.sum(g_num[..., :d1], dim=-1, keepdim=True, out=g_full[..., d:d + 1])
-        torch.sum(g_num[..., d1:], dim=-1, keepdim=True, out=g_full[..., d + 1:])
-        g_full[..., d:].mul_(inv_den).neg_()
-        del g_num, inv_den
-        gW = _planes_t_times(qf, g_full)
-        g_feat = torch.empty_like(qf[0])  # the gradient of one feature plane at a time
-        for i in range(2):
-            torch.bmm(
-                _bmm(g_full),
-                _bmm(W[..., i * d:(i + 1) * d, :]).transpose(-2, -1),
-                out=_bmm(g_feat))
-            qf[i].mul_(g_feat)
-        del out_full, g_full, g_feat
-        g_q, g_p, g_log_scale = _feature_grads(qf, scaled, inv_x, p, ctx.has_scale)
-        del qf, scaled, inv_x
+        # Queries, block by block: recompute num and the denominators. out_c = num_c z
+        # (z = 1 / the denominator of c's stream): dL/dnum_c = g_c z,
+        # dL/dden = -z sum_c (g_c z) num_c.
+        g_q = _output_like(q)
+        gW = torch.zeros_like(W)
+        for bs, ts in _blocks(q):
+            W_b = W[bs]
+            qf, shift_q, scaled, inv_x = _scaled_features(
+                q[bs, :, ts], p, per_row=True, keep=True, log_scale=log_scale)
+            out_full = _times_planes(qf, W_b)
+            inv_den = out_full[..., d:].add_(
+                _scaled_eps(_batch_rows(eps_full, bs), shift_q, shift_k[bs])).reciprocal_()
+            g_out = grad_out[bs, :, ts]
+            g_full = out_full.new_empty(out_full.shape)  # [g z, dL/dden_sim, dL/dden_opp]
+            torch.mul(g_out[..., :d1], inv_den[..., :1], out=g_full[..., :d1])
+            torch.mul(g_out[..., d1:], inv_den[..., 1:], out=g_full[..., d1:d])
+            g_num = out_full[..., :d].mul_(g_full[..., :d])
+            torch.sum(g_num[..., :d1], dim=-1, keepdim=True, out=g_full[..., d:d + 1])
+            torch.sum(g_num[..., d1:], dim=-1, keepdim=True, out=g_full[..., d + 1:])
+            g_full[..., d:].mul_(inv_den).neg_()
+            del g_num, inv_den, out_full
+            gW[bs] += _planes_t_times(qf, g_full)
+            for i in range(2):
+                qf[i].mul_(torch.matmul(g_full, W_b[..., i * d:(i + 1) * d, :].transpose(-2, -1)))
+            del g_full
+            _, g_p_b, g_ls_b = _feature_grads(qf, scaled, inv_x, p, has_scale, out=g_q[bs, :, ts])
+            g_p += g_p_b
+            if has_scale:
+                g_log_scale += g_ls_b
+            del qf, scaled, inv_x
 
-        # Keys: W holds [k+, k-]^T v / n and the key means.
+        # Keys, block by block: W holds [k+, k-]^T v / n and the key means.
         g_kv, g_mean = _summary_grads(gW, d)
         g_kv.div_(n)
         g_mean.div_(n)
-        kf, _, scaled, inv_x = _scaled_features(
-            k, p, False, shift=shift_k, keep=True, log_scale=log_scale)
-        g_v = _times_planes(kf, g_kv)
-        g_feat = torch.empty_like(kf[0])
-        v_b = _bmm(v)
-        for i in range(2):
-            rows = slice(i * d, (i + 1) * d)
-            torch.baddbmm(
-                _bmm(g_mean[..., None, rows]),
-                v_b,
-                _bmm(g_kv[..., rows, :]).transpose(-2, -1),
-                out=_bmm(g_feat))
-            kf[i].mul_(g_feat)
-        del g_feat, v_b
-        g_k, g_pk, g_log_scale_k = _feature_grads(kf, scaled, inv_x, p, ctx.has_scale)
+        del gW
+        g_k, g_v = _output_like(k), _output_like(v)
+        for bs, ts in _blocks(k):
+            g_kv_b, g_mean_b, v_b = g_kv[bs], g_mean[bs], v[bs, :, ts]
+            kf, _, scaled, inv_x = _scaled_features(
+                k[bs, :, ts], p, False, shift=shift_k[bs], keep=True, log_scale=log_scale)
+            g_v[bs, :, ts] = _times_planes(kf, g_kv_b)
+            for i in range(2):
+                rows = slice(i * d, (i + 1) * d)
+                g_feat = torch.matmul(v_b, g_kv_b[..., rows, :].transpose(-2, -1))
+                kf[i].mul_(g_feat.add_(g_mean_b[..., None, rows]))
+            del g_feat
+            _, g_p_b, g_ls_b = _feature_grads(kf, scaled, inv_x, p, has_scale, out=g_k[bs, :, ts])
+            g_p += g_p_b
+            if has_scale:
+                g_log_scale += g_ls_b
+            del kf, scaled, inv_x
         s = torch.sigmoid(power)
-        g_power = g_p.add_(g_pk).mul_(s * (1 - s) * alpha)
+        g_power = g_p.mul_(s * (1 - s) * alpha)
         g_scale = None
-        if ctx.has_scale:
-            g_scale = g_log_scale.add_(g_log_scale_k).div_(scale)
+        if has_scale:
+            g_scale = g_log_scale.div_(scale)
         return g_q, g_k, g_v, g_power, None, None, g_scale
 
 

@@ -454,3 +454,38 @@ def test_exp_never_returns_subnormals():
     assert seen.calls >= 4  # features of q and k, forward and backward
     assert seen.subnormal == 0
     assert torch.isfinite(out).all() and torch.isfinite(q.grad).all()
+
+
+@pytest.mark.parametrize(
+    'shape, block',
+    [
+        (dict(B=3, h=2, N=37, n=23, d=5), 16),  # token blocks of one batch entry
+        (dict(B=2, h=3, N=9, n=40, d=4), 20),  # keys in more blocks than queries
+        (dict(B=10, h=1, N=3, n=4, d=2), 8),  # blocks of whole batch entries
+        (dict(B=2, h=2, N=11, n=6, d=3), 1 << 18),  # one block
+    ])
+def test_blocks_give_the_result_of_the_whole(monkeypatch, shape, block):
+    """The torch path runs over blocks of tokens / batch entries: forced to small
+    blocks it gives the values and gradients (q, k, v, power, scale) of the explicit
+    weights, with per-entry eps and queries in the token layout."""
+    from polaformer_mm.ops import pola_attention as module
+    monkeypatch.setattr(module, '_BLOCK_ELEMENTS', block)
+    q, k, v, power = _inputs(**shape, seed=3)
+    B, h, N, d = q.shape
+    q = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, N, h, d) in memory
+    blocks_q, blocks_k = len(list(module._blocks(q))), len(list(module._blocks(k)))
+    assert (blocks_q, blocks_k) != (1, 1) if block < 100 else (blocks_q, blocks_k) == (1, 1)
+    s = torch.nn.functional.softplus(torch.randn(1, h, 1, d, dtype=torch.float64))
+    eps = torch.rand(B, 1, 1, 1, dtype=torch.float64) + 0.01
+    weights = torch.randn(q.shape, dtype=torch.float64)
+    leaves = [t.clone().requires_grad_() for t in (q, k * 3, v, power, s)]
+    out = pola_linear_attention(*leaves[:4], alpha=2.5, eps=eps, scale=leaves[4])
+    grads = torch.autograd.grad((out * weights).sum(), leaves)
+    ref_leaves = [t.clone().requires_grad_() for t in (q, k * 3, v, power, s)]
+    q_, k_, v_, p_, s_ = ref_leaves
+    ref = pola_linear_attention_reference(q_ / s_, k_ / s_, v_, p_, alpha=2.5, eps=eps)
+    expected = torch.autograd.grad((ref * weights).sum(), ref_leaves)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    assert out.stride() == q.stride()
+    for name, g, g_ref in zip('q k v power scale'.split(), grads, expected):
+        torch.testing.assert_close(g, g_ref, rtol=1e-9, atol=1e-9, msg=name)
