@@ -9,6 +9,8 @@ import torch.utils.checkpoint as cp
 from mmcv.cnn import build_activation_layer, build_norm_layer
 from torch import Tensor
 
+from ..ops.blocked_mlp import mlp_gelu
+
 
 def nlc_to_nchw(x: Tensor, hw_shape: Sequence[int]) -> Tensor:
     """Tokens (B, H*W, C) -> map (B, C, H, W)."""
@@ -32,6 +34,20 @@ def pad_to_multiple(x: Tensor, multiple: int) -> Tensor:
     if pad_h or pad_w:
         x = F.pad(x, (0, pad_w, 0, pad_h))
     return x
+
+
+def conv_token_map(conv: nn.Conv2d, x: Tensor) -> Tensor:
+    """``conv(x)``; for a token map (tokens (B, H*W, C) viewed as (B, C, H, W): the
+    channels-last layout) the convolution runs channels-last, with the weight laid
+    out to match: with a plain weight the CPU convolution copies such an input to
+    plain NCHW in the forward pass and again in the backward pass, and returns a
+    plain output, whose tokens the next LayerNorm copies once more. The result is
+    then channels-last, so that its tokens ``flatten(2).transpose(1, 2)`` are
+    contiguous. The same values up to rounding."""
+    if x.is_contiguous() or not x.is_contiguous(memory_format=torch.channels_last):
+        return conv(x)
+    return conv._conv_forward(x, conv.weight.contiguous(memory_format=torch.channels_last),
+                              conv.bias)
 
 
 @lru_cache(maxsize=128)
@@ -122,7 +138,7 @@ class PatchEmbed(nn.Module):
 
     def forward(self, x: Tensor) -> Tuple[Tensor, Tuple[int, int]]:
         """Patch tokens and their grid (see the class docstring)."""
-        x = self.proj(pad_to_multiple(x, self.patch_size))
+        x = conv_token_map(self.proj, pad_to_multiple(x, self.patch_size))
         hw_shape = (x.shape[2], x.shape[3])
         return self.norm(nchw_to_nlc(x)), hw_shape
 
@@ -151,8 +167,19 @@ class Mlp(nn.Module):
         self.drop = nn.Dropout(drop)
 
     def forward(self, x: Tensor) -> Tensor:
-        """The MLP of every token."""
+        """The MLP of every token: on the CPU with GELU and no active dropout, by
+        :func:`~polaformer_mm.ops.mlp_gelu` (blocks of tokens; the same maths with a
+        fraction of the memory traffic), else module by module."""
+        if self._blocked(x):
+            return mlp_gelu(x, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias,
+                            self.act.approximate)
         return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+
+    def _blocked(self, x: Tensor) -> bool:
+        return (x.device.type == 'cpu' and x.dtype in (torch.float32, torch.float64)
+                and type(self.act) is nn.GELU and not (self.training and self.drop.p > 0)
+                and not torch.is_autocast_enabled('cpu') and not torch.jit.is_tracing()
+                and not torch.jit.is_scripting() and not torch.compiler.is_compiling())
 
 
 def drop_path_rates(drop_path_rate: float, depths: Sequence[int]) -> List[List[float]]:
