@@ -13,7 +13,7 @@ from mmengine.registry import MODELS
 from torch import Tensor
 
 from ..ops import check_alpha, depthwise_conv2d, pola_linear_attention
-from .utils import nchw_to_nlc, nlc_to_nchw, pad_to_multiple, resize_token_grid
+from .utils import conv_token_map, nchw_to_nlc, nlc_to_nchw, pad_to_multiple, resize_token_grid
 
 FAMILIES = ('pvt', 'swin')
 
@@ -59,9 +59,19 @@ class SpatialReduction(nn.Module):
 
     def forward(self, x: Tensor, hw_shape: Sequence[int]) -> Tuple[Tensor, Tuple[int, int]]:
         """Reduced tokens and their grid (see the class docstring)."""
-        x = self.sr(pad_to_multiple(nlc_to_nchw(x, hw_shape), self.ratio))
+        x = conv_token_map(self.sr, pad_to_multiple(nlc_to_nchw(x, hw_shape), self.ratio))
         kv_hw = (x.shape[2], x.shape[3])
         return self.norm(nchw_to_nlc(x)), kv_hw
+
+
+def _linear_parts(layer: nn.Linear, x: Tensor, parts: int) -> List[Tensor]:
+    """``layer(x).chunk(parts, -1)``, each part its own matrix product with its rows of
+    the weight: every part is a dense (..., C) tensor (the values go to the depthwise
+    conv without a copy), and none is as large as the whole output (at detection sizes
+    a few tens of MB, which the C allocator recycles between steps, where the whole
+    output is mapped afresh every time)."""
+    biases = [None] * parts if layer.bias is None else layer.bias.chunk(parts)
+    return [F.linear(x, w, b) for w, b in zip(layer.weight.chunk(parts), biases)]
 
 
 @MODELS.register_module()
@@ -194,17 +204,17 @@ class PolaLinearAttention(nn.Module):
             raise ValueError(f'PolaLinearAttention expects (B, {H}*{W}, {self.embed_dims}) '
                              f'tokens for hw_shape {tuple(hw_shape)}; got {tuple(x.shape)}')
         if self.family == 'swin':
-            q, k, v, g = self.qkvg(x).unflatten(-1, (4, C)).unbind(-2)
+            q, k, v, g = _linear_parts(self.qkvg, x, 4)
             kv_hw = (H, W)
         else:
             if padding_mask is not None:
                 raise ValueError('padding_mask needs keys on the query grid (the '
                                  "'swin' family)")
-            q, g = self.qg(x).unflatten(-1, (2, C)).unbind(-2)
+            q, g = _linear_parts(self.qg, x, 2)
             kv_hw = (H, W)
             if self.reduction is not None:
                 x, kv_hw = self.reduction(x, hw_shape)
-            k, v = self.kv(x).unflatten(-1, (2, C)).unbind(-2)
+            k, v = _linear_parts(self.kv, x, 2)
 
         if pos_encoding is None:
             pos_encoding = resize_token_grid(

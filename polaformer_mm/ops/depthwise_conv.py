@@ -47,8 +47,11 @@ class _DepthwiseConv2d(torch.autograd.Function):
                 padding=pad,
                 groups=C)
         if ctx.needs_input_grad[1]:
-            x_pad = F.pad(x, (pad, pad, pad, pad)).reshape(1, B * C, H + 2 * pad, W + 2 * pad)
-            grad_w = F.conv2d(x_pad, grad.reshape(B * C, 1, H, W), groups=B * C)
+            # both in plain NCHW, which this convolution wants: x (channels-last in the
+            # Pola blocks) goes straight into the middle of a zero frame, one copy
+            x_pad = x.new_zeros(1, B * C, H + 2 * pad, W + 2 * pad)
+            x_pad[0, :, pad:pad + H, pad:pad + W].view(B, C, H, W).copy_(x)
+            grad_w = F.conv2d(x_pad, grad.contiguous().view(B * C, 1, H, W), groups=B * C)
             grad_w = grad_w.reshape(B, C, 1, k, k).sum(0)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = grad.sum((0, 2, 3))

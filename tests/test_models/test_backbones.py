@@ -493,3 +493,35 @@ def test_stage_encodings_cached_without_gradients_until_a_parameter_changes():
     # with gradients: computed anew, differentiable
     with_grad = cache(attns, (13, 19))
     assert with_grad is not updated and with_grad[0].requires_grad
+
+
+@pytest.mark.parametrize('hw, pad', [((12, 17), 1), ((13, 17), 2)])
+def test_token_map_convolutions_run_channels_last(hw, pad):
+    """Patch embeddings and spatial reductions of a token map (channels-last view)
+    convolve it channels-last (no plain copy of the map, tokens of the result
+    contiguous), with the values and gradients of the plain convolution; plain inputs
+    (images) take the plain path."""
+    from polaformer_mm.models.utils import PatchEmbed, conv_token_map, nchw_to_nlc
+    torch.manual_seed(0)
+    H, W = hw
+    conv = torch.nn.Conv2d(8, 16, kernel_size=2, stride=2).double()
+    tokens = torch.randn(2, H * W, 8, dtype=torch.float64, requires_grad=True)
+    grid = tokens.transpose(1, 2).reshape(2, 8, H, W)
+    assert grid.is_contiguous(memory_format=torch.channels_last)
+    weights = torch.randn(2, 16, H // 2, W // 2, dtype=torch.float64)
+    out = conv_token_map(
+        conv, grid[..., :H // 2 * 2, :W // 2 * 2].contiguous(memory_format=torch.channels_last))
+    assert not out.is_contiguous() and nchw_to_nlc(out).is_contiguous()
+    grads = torch.autograd.grad((out * weights).sum(), [tokens, conv.weight, conv.bias])
+    ref = conv(grid.contiguous()[..., :H // 2 * 2, :W // 2 * 2])
+    expected = torch.autograd.grad((ref * weights).sum(), [tokens, conv.weight, conv.bias])
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    for g, g_ref in zip(grads, expected):
+        torch.testing.assert_close(g, g_ref, rtol=1e-12, atol=1e-12)
+    image = torch.randn(1, 8, H, W, dtype=torch.float64)
+    assert conv_token_map(conv, image).is_contiguous()
+    embed = PatchEmbed(8, 16, patch_size=pad + 1).double()
+    ref_tokens, ref_hw = embed(grid.contiguous())
+    out_tokens, out_hw = embed(grid)
+    assert out_hw == ref_hw
+    torch.testing.assert_close(out_tokens, ref_tokens, rtol=1e-12, atol=1e-12)
