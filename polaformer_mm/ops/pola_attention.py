@@ -342,10 +342,11 @@ def _blocks(x: Tensor):
     """Blocks of (batch entries, tokens) of x (B, h, N, d) whose feature planes hold
     about ``_BLOCK_ELEMENTS`` each: ranges of tokens of one batch entry when an entry
     is larger than that, else ranges of whole batch entries (e.g. Swin windows); one
-    block for small inputs. Yields (batch slice, token slice)."""
+    block for small inputs and off the CPU (a GPU wants few large kernels). Yields
+    (batch slice, token slice)."""
     B, h, N, d = x.shape
     per_entry = h * N * d
-    if B * per_entry <= 4 * _BLOCK_ELEMENTS:
+    if x.device.type != 'cpu' or B * per_entry <= 4 * _BLOCK_ELEMENTS:
         yield slice(0, B), slice(0, N)
     elif per_entry > _BLOCK_ELEMENTS:
         rows = -(-N // -(-per_entry // _BLOCK_ELEMENTS))  # equal blocks of <= the size

@@ -475,6 +475,7 @@ def test_blocks_give_the_result_of_the_whole(monkeypatch, shape, block):
     q = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, N, h, d) in memory
     blocks_q, blocks_k = len(list(module._blocks(q))), len(list(module._blocks(k)))
     assert (blocks_q, blocks_k) != (1, 1) if block < 100 else (blocks_q, blocks_k) == (1, 1)
+    assert len(list(module._blocks(q.to('meta')))) == 1  # one block off the CPU
     s = torch.nn.functional.softplus(torch.randn(1, h, 1, d, dtype=torch.float64))
     eps = torch.rand(B, 1, 1, 1, dtype=torch.float64) + 0.01
     weights = torch.randn(q.shape, dtype=torch.float64)
