@@ -300,26 +300,22 @@ def _token_sum(x: Tensor) -> Tensor:
     return x.sum(dim=2, keepdim=True).sum(dim=0, keepdim=True)
 
 
-def _feature_grads(prod: Tensor,
-                   scaled: Tensor,
-                   inv_x: Tensor,
-                   p: Tensor,
-                   with_scale: bool,
-                   out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
-    """Gradients of x (..., d), of the exponent p (1,h,1,d) and, ``with_scale``, of
-    ``log_scale`` (1,h,1,d), in place.
+def _feature_grads(prod: Tensor, scaled: Tensor, inv_x: Tensor, p: Tensor, out: Tensor, g_p: Tensor,
+                   g_log_scale: Optional[Tensor]) -> None:
+    """The gradient of x (..., d) into ``out`` (any layout); those of the exponent p and,
+    when ``g_log_scale`` is given, of ``log_scale`` added to ``g_p`` and ``g_log_scale``
+    (1,h,1,d). ``prod``, ``scaled`` and ``inv_x`` are used as scratch space.
 
     ``prod`` (2, ...) is the gradient of the feature planes times the features. With
     f = (|x| / s)^p e^{-M} on the channel's own polarity (M held constant: the output
     does not depend on it), df/dx = p f sign(x) / |x|, df/dp = f log(|x| / s) and
-    df/dlog(s) = -p f; all are 0 at x == 0, where f is 0. The gradient of x is written
-    to ``out`` (any layout) when given, else into ``inv_x``.
+    df/dlog(s) = -p f; all are 0 at x == 0, where f is 0.
     """
     r = prod[0].add_(prod[1])  # g f on the channel's own polarity
-    g_log_scale = _token_sum(r).mul_(p).neg_() if with_scale else None
-    g_x = torch.mul(inv_x, r, out=inv_x if out is None else out).mul_(p)
-    g_p = _token_sum(r.mul_(scaled)).div_(p)  # sum r log(|x| / s)
-    return g_x, g_p, g_log_scale
+    if g_log_scale is not None:
+        g_log_scale.sub_(_token_sum(r).mul_(p))
+    torch.mul(inv_x, r, out=out).mul_(p)
+    g_p.add_(_token_sum(r.mul_(scaled)).div_(p))  # sum r log(|x| / s)
 
 
 def _output_like(q: Tensor) -> Tensor:
@@ -483,10 +479,7 @@ class _PolaAttentionFunction(torch.autograd.Function):
             for i in range(2):
                 qf[i].mul_(torch.matmul(g_full, W_b[..., i * d:(i + 1) * d, :].transpose(-2, -1)))
             del g_full
-            _, g_p_b, g_ls_b = _feature_grads(qf, scaled, inv_x, p, has_scale, out=g_q[bs, :, ts])
-            g_p += g_p_b
-            if has_scale:
-                g_log_scale += g_ls_b
+            _feature_grads(qf, scaled, inv_x, p, g_q[bs, :, ts], g_p, g_log_scale)
             del qf, scaled, inv_x
 
         # Keys, block by block: W holds [k+, k-]^T v / n and the key means.
@@ -505,10 +498,7 @@ class _PolaAttentionFunction(torch.autograd.Function):
                 g_feat = torch.matmul(v_b, g_kv_b[..., rows, :].transpose(-2, -1))
                 kf[i].mul_(g_feat.add_(g_mean_b[..., None, rows]))
             del g_feat
-            _, g_p_b, g_ls_b = _feature_grads(kf, scaled, inv_x, p, has_scale, out=g_k[bs, :, ts])
-            g_p += g_p_b
-            if has_scale:
-                g_log_scale += g_ls_b
+            _feature_grads(kf, scaled, inv_x, p, g_k[bs, :, ts], g_p, g_log_scale)
             del kf, scaled, inv_x
         s = torch.sigmoid(power)
         g_power = g_p.mul_(s * (1 - s) * alpha)
