@@ -367,10 +367,24 @@ def _key_shift(k: Tensor, p: Tensor, log_scale: Optional[Tensor]) -> Tensor:
     return scaled.mul_(p).amax(dim=-1, keepdim=True).clamp_min_(0)
 
 
-def _batch_rows(eps: EpsType, batch: slice) -> EpsType:
-    """The eps of the batch entries ``batch``: a float as it is, a (B, h, 1, 1) tensor
-    sliced."""
-    return eps[batch] if isinstance(eps, Tensor) else eps
+def _query_block(q: Tensor, p: Tensor, W: Tensor, eps: EpsType, shift_k: Tensor,
+                 log_scale: Optional[Tensor], keep: bool):
+    """For a block of queries q (B', h, rows, d) and its entries' summary W, eps
+    (a float or broadcastable to (B', h, 1, 1)) and key shift: the feature planes, Q W
+    (B', h, rows, d + 2) whose last two columns are turned into the reciprocals of the
+    two denominators (also returned as that view), and with ``keep`` what
+    :func:`_scaled_features` keeps for the backward pass."""
+    qf, shift_q, *kept = _scaled_features(q, p, per_row=True, keep=keep, log_scale=log_scale)
+    out_full = _times_planes(qf, W)
+    d = q.shape[-1]
+    inv_den = out_full[..., d:].add_(_scaled_eps(eps, shift_q, shift_k)).reciprocal_()
+    return qf, out_full, inv_den, kept
+
+
+def _batch_rows(eps: EpsType, batch: slice, entries: Tuple[int, int]) -> EpsType:
+    """The eps of the batch entries ``batch``: a float as it is, a tensor broadcastable
+    to (B, h, 1, 1) (``entries`` = (B, h)) expanded to that and sliced."""
+    return eps.expand(*entries, 1, 1)[batch] if isinstance(eps, Tensor) else eps
 
 
 class _PolaAttentionFunction(torch.autograd.Function):
@@ -391,30 +405,29 @@ class _PolaAttentionFunction(torch.autograd.Function):
         d1 = _value_split(d)
         p = pola_exponent(power, alpha)
         log_scale = None if scale is None else scale.log()
-        eps_full = eps.expand(B, h, 1, 1) if isinstance(eps, Tensor) else eps
 
-        # Keys: [k+, k-]^T v and the feature sums, block by block, as two planes.
+        # Keys: [k+, k-]^T v and the feature sums, block by block.
         shift_k = _key_shift(k, p, log_scale)
-        kv = k.new_zeros((2, B, h, d, d))
-        k_sum = k.new_zeros((2, B, h, d))
+        kv = k.new_zeros((B, h, 2 * d, d))
+        k_sum = k.new_zeros((B, h, 2 * d))
         for bs, ts in _blocks(k):
             kf, _ = _scaled_features(
                 k[bs, :, ts], p, per_row=False, shift=shift_k[bs], log_scale=log_scale)
-            v_b = v[bs, :, ts]
-            for i in range(2):
-                kv[i, bs] += torch.matmul(kf[i].transpose(-2, -1), v_b)
-            k_sum[:, bs] += kf.sum(dim=-2)
-        kv = kv.permute(1, 2, 0, 3, 4).reshape(B, h, 2 * d, d).div_(n)
-        W = _assemble_summary(kv, k_sum.permute(1, 2, 0, 3).reshape(B, h, 2 * d).div_(n))
+            kv[bs] += _planes_t_times(kf, v[bs, :, ts])
+            k_sum[bs] += kf.sum(dim=-2).permute(1, 2, 0, 3).flatten(-2)
+        W = _assemble_summary(kv.div_(n), k_sum.div_(n))
         del kv, k_sum
 
         out = _output_like(q)
         for bs, ts in _blocks(q):
-            qf, shift_q = _scaled_features(q[bs, :, ts], p, per_row=True, log_scale=log_scale)
-            out_full = _times_planes(qf, W[bs])
-            del qf
-            inv_den = out_full[..., d:].add_(
-                _scaled_eps(_batch_rows(eps_full, bs), shift_q, shift_k[bs])).reciprocal_()
+            _, out_full, inv_den, _ = _query_block(
+                q[bs, :, ts],
+                p,
+                W[bs],
+                _batch_rows(eps, bs, (B, h)),
+                shift_k[bs],
+                log_scale,
+                keep=False)
             out_b = out[bs, :, ts]
             torch.mul(out_full[..., :d1], inv_den[..., :1], out=out_b[..., :d1])
             torch.mul(out_full[..., d1:d], inv_den[..., 1:], out=out_b[..., d1:])
@@ -450,7 +463,6 @@ class _PolaAttentionFunction(torch.autograd.Function):
         d1 = _value_split(d)
         p = pola_exponent(power, alpha)
         grad_out = grad_out.to(q.dtype)
-        eps_full = eps.expand(B, h, 1, 1) if isinstance(eps, Tensor) else eps
         g_p = torch.zeros_like(p)
         g_log_scale = torch.zeros_like(p) if has_scale else None
 
@@ -461,11 +473,14 @@ class _PolaAttentionFunction(torch.autograd.Function):
         gW = torch.zeros_like(W)
         for bs, ts in _blocks(q):
             W_b = W[bs]
-            qf, shift_q, scaled, inv_x = _scaled_features(
-                q[bs, :, ts], p, per_row=True, keep=True, log_scale=log_scale)
-            out_full = _times_planes(qf, W_b)
-            inv_den = out_full[..., d:].add_(
-                _scaled_eps(_batch_rows(eps_full, bs), shift_q, shift_k[bs])).reciprocal_()
+            qf, out_full, inv_den, (scaled, inv_x) = _query_block(
+                q[bs, :, ts],
+                p,
+                W_b,
+                _batch_rows(eps, bs, (B, h)),
+                shift_k[bs],
+                log_scale,
+                keep=True)
             g_out = grad_out[bs, :, ts]
             g_full = out_full.new_empty(out_full.shape)  # [g z, dL/dden_sim, dL/dden_opp]
             torch.mul(g_out[..., :d1], inv_den[..., :1], out=g_full[..., :d1])
