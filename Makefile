@@ -1,7 +1,22 @@
 # Set-up and tests. `make test` creates .venv (Python 3.11), installs the pinned stack and runs
 # pytest; a second call reuses what is done (the venv, and the cached mmcv wheel outside the repo).
+# STACK=oldest does the same for the low end of the supported range (torch 2.1.2, numpy 1.26,
+# requirements/oldest.txt) in .venv-oldest; CI runs both.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
+STACK ?= pinned
+ifeq ($(STACK),pinned)
 VENV ?= .venv
+STACK_REQS := requirements/runtime.txt requirements/tests.txt
+else ifeq ($(STACK),oldest)
+VENV ?= .venv-oldest
+STACK_REQS := requirements/oldest.txt
+# PyPI's torch 2.1.2 is a CUDA 12.1 build: with no GPU visible, or an nvcc of another CUDA
+# major version, mmcv gets its CPU ops (set POLA_MMCV_CPU_ONLY=0 to insist on CUDA ops)
+POLA_MMCV_CPU_ONLY ?= $(shell nvidia-smi -L >/dev/null 2>&1 || echo 1)
+export POLA_MMCV_CPU_ONLY
+else
+$(error STACK must be 'pinned' (requirements/runtime.txt, tests.txt) or 'oldest' (requirements/oldest.txt), not '$(STACK)')
+endif
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.polaformer_mm-installed
@@ -16,15 +31,15 @@ $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) and "the tested stack needs Python 3.11; set PYTHON=/path/to/python3.11")'
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): $(PY) requirements/build.txt requirements/runtime.txt requirements/tests.txt \
-	  requirements/mim.txt setup.py
-	$(PIP) install -r requirements/build.txt torch==2.13.0 numpy==2.3.5
+$(STAMP): $(PY) requirements/build.txt $(STACK_REQS) requirements/mim.txt setup.py
+	$(PIP) install -r requirements/build.txt $$(grep -hE '^(torch|numpy)==' $(STACK_REQS))
 	wheels=$$(tools/build_mmcv_wheel.sh $(PY)) && \
 	  $(PIP) install --find-links "$$wheels" --only-binary mmcv \
-	    -r requirements/runtime.txt -r requirements/tests.txt && \
+	    $(addprefix -r ,$(STACK_REQS)) && \
 	  $(PIP) install --no-deps -r requirements/mim.txt
 	$(PY) -c "import polaformer_mm, mmcv.ops, mmdet.models, mmseg.models, mmpretrain.models, mim; print('stack ok')" \
 	  || { echo 'install: the stack does not import (see above)'; exit 1; }
+	echo $(STACK) > $(VENV)/.polaformer_mm-stack
 	touch $(STAMP)
 
 # The package itself, installed as users install it (not editable: `mim search polaformer_mm`
@@ -62,6 +77,8 @@ lint: $(LINT_STAMP)
 	$(VENV)/bin/isort --check-only --diff $(LINT_PATHS)
 	$(VENV)/bin/yapf --diff --recursive $(YAPF_EXCLUDE) $(LINT_PATHS)
 	$(VENV)/bin/interrogate -c setup.cfg polaformer_mm
+	$(VENV)/bin/vermin --target=3.9- --violations --eval-annotations --no-tips \
+	  --exclude-regex '\.mim/' polaformer_mm tools tests configs setup.py
 	@echo 'lint ok'
 
 format: $(LINT_STAMP)

@@ -64,16 +64,18 @@ setup(
             '.mim/configs/**/*.md', '.mim/tools/**/*.py', '.mim/tools/**/*.sh'
         ]
     },
-    python_requires='>=3.9',
+    # The supported range: from the low test stack (requirements/oldest.txt) to the pinned
+    # one (requirements/runtime.txt); `make test` and `make test STACK=oldest` test both ends.
+    python_requires='>=3.9,<3.13',
     install_requires=[
-        'torch>=2.0',
-        'torchvision',
-        'numpy>=1.23,<2.4',  # 2.4 removed np.in1d (mmpretrain metrics)
-        'mmengine>=0.10.0,<1.0',
-        'mmcv>=2.0.0,<2.2.0',  # mmdet 3.x / mmseg 1.x upper bound
-        'mmdet>=3.0.0,<3.4.0',
-        'mmsegmentation>=1.0.0,<1.3.0',
-        'mmpretrain>=1.0.0,<1.3.0',
+        'torch>=2.1,<2.14',  # mmcv 2.1.0 does not compile against torch 2.14
+        'torchvision>=0.16,<0.29',
+        'numpy>=1.24,<2.4',  # 2.4 removed np.in1d (mmpretrain metrics)
+        'mmengine>=0.10.3,<0.11',
+        'mmcv>=2.1.0,<2.2.0',  # mmdet 3.3 / mmseg 1.2 upper bound
+        'mmdet>=3.3.0,<3.4.0',
+        'mmsegmentation>=1.2.2,<1.3.0',
+        'mmpretrain>=1.2.0,<1.3.0',
         'pycocotools',
         'ftfy',
         'regex',

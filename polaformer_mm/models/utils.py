@@ -10,6 +10,7 @@ from mmcv.cnn import build_activation_layer, build_norm_layer
 from torch import Tensor
 
 from ..ops.blocked_mlp import mlp_gelu
+from ..utils.compat import is_autocast_enabled, is_compiling
 
 
 def nlc_to_nchw(x: Tensor, hw_shape: Sequence[int]) -> Tensor:
@@ -178,8 +179,8 @@ class Mlp(nn.Module):
     def _blocked(self, x: Tensor) -> bool:
         return (x.device.type == 'cpu' and x.dtype in (torch.float32, torch.float64)
                 and type(self.act) is nn.GELU and not (self.training and self.drop.p > 0)
-                and not torch.is_autocast_enabled('cpu') and not torch.jit.is_tracing()
-                and not torch.jit.is_scripting() and not torch.compiler.is_compiling())
+                and not is_autocast_enabled('cpu') and not torch.jit.is_tracing()
+                and not torch.jit.is_scripting() and not is_compiling())
 
 
 def drop_path_rates(drop_path_rate: float, depths: Sequence[int]) -> List[List[float]]:

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..utils.compat import is_autocast_enabled
+
 __all__ = ['depthwise_conv2d']
 
 
@@ -72,6 +74,6 @@ def depthwise_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -
                          f'for {C} channels; got {tuple(weight.shape)}')
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or
                                               (bias is not None and bias.requires_grad))
-    if x.device.type == 'cpu' and needs_grad and not torch.is_autocast_enabled('cpu'):
+    if x.device.type == 'cpu' and needs_grad and not is_autocast_enabled('cpu'):
         return _DepthwiseConv2d.apply(x, weight, bias)
     return F.conv2d(x, weight, bias, padding=k // 2, groups=C)

@@ -64,6 +64,8 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
+from ..utils.compat import is_autocast_enabled
+
 __all__ = [
     'pola_linear_attention', 'pola_linear_attention_reference', 'pola_linear_attention_naive',
     'polarity_features', 'set_default_backend', 'pola_exponent', 'check_alpha', 'BACKENDS'
@@ -538,8 +540,27 @@ def _resolve_backend(backend: Optional[str], q: Tensor, k: Tensor, v: Tensor) ->
         if q.device.type != 'cuda':
             return 'torch'
         from . import pola_attention_triton
+        if not pola_attention_triton.available():
+            _log_triton_fallback_once(pola_attention_triton.unavailable_reason())
+            return 'torch'
         return 'triton' if pola_attention_triton.supports(q, k, v) else 'torch'
     return backend
+
+
+_triton_fallback_logged = False
+
+
+def _log_triton_fallback_once(reason: str) -> None:
+    """Say once per process that backend='auto' takes the torch path on CUDA, and why."""
+    global _triton_fallback_logged
+    if _triton_fallback_logged:
+        return
+    _triton_fallback_logged = True
+    import logging
+
+    from mmengine.logging import print_log
+    print_log(f'pola_linear_attention: {reason}; backend="auto" uses the torch path on CUDA',
+              logger='current', level=logging.WARNING)
 
 
 def pola_linear_attention(q: Tensor,
@@ -591,7 +612,7 @@ def pola_linear_attention(q: Tensor,
             q, k = q / scale, k / scale
         return pola_attention_triton.pola_linear_attention_triton(q, k, v, power, alpha, eps)
     low_precision = (torch.float16, torch.bfloat16)
-    if q.dtype in low_precision or torch.is_autocast_enabled(q.device.type):
+    if q.dtype in low_precision or is_autocast_enabled(q.device.type):
         with torch.autocast(q.device.type, enabled=False):
             out = _torch_path(q.float(), k.float(), v.float(), power.float(), alpha, eps,
                               None if scale is None else scale.float())

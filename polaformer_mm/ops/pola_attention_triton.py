@@ -20,15 +20,19 @@ from typing import Tuple
 import torch
 from torch import Tensor
 
+from ..utils.compat import triton_status
 from .pola_attention import EpsType, _assemble_summary, _summary_grads, _value_split, pola_exponent
 
-try:
-    from . import _pola_triton_kernels as _kernels
-except ImportError as error:  # Triton is an optional dependency
-    _kernels = None
-    _import_error = error
-else:
-    _import_error = None
+# Triton is optional, and the kernels need 3.0+: with an older Triton, or one that fails to
+# import for any reason, they are unavailable and `backend='auto'` takes the torch path.
+_kernels = None
+_import_error = triton_status().reason
+if _import_error is None:
+    try:
+        from . import _pola_triton_kernels as _kernels
+    except Exception as error:  # noqa: BLE001  (a Triton whose API differs, a broken build)
+        _import_error = (f'the fused kernels do not load with Triton {triton_status().version} '
+                         f'({type(error).__name__}: {error})')
 
 __all__ = ['available', 'supports', 'pola_linear_attention_triton', 'MAX_HEAD_DIM']
 
@@ -40,8 +44,13 @@ MAX_HEAD_DIM = 128
 
 
 def available() -> bool:
-    """Whether Triton can be imported (the kernels need it)."""
+    """Whether the kernels loaded (Triton >= 3.0 installed and importable)."""
     return _kernels is not None
+
+
+def unavailable_reason() -> str:
+    """Why :func:`available` is False (names the installed and the needed Triton), or ''."""
+    return _import_error or ''
 
 
 def supports(q: Tensor, k: Tensor, v: Tensor) -> bool:
@@ -186,8 +195,8 @@ def pola_linear_attention_triton(q: Tensor, k: Tensor, v: Tensor, power: Tensor,
         Tensor: (B, h, N, d) in q's dtype and memory layout.
     """
     if _kernels is None:
-        raise RuntimeError('pola_linear_attention(backend="triton") needs Triton: pip install '
-                           f'polaformer_mm[triton] (import failed: {_import_error})')
+        raise RuntimeError(f'pola_linear_attention(backend="triton"): {_import_error} '
+                           '(pip install "polaformer_mm[triton]", or use backend="torch")')
     if q.device.type != 'cuda' and not _interpreting():
         raise ValueError('pola_linear_attention(backend="triton") needs CUDA tensors '
                          f'(got {q.device}); use backend="torch" on the CPU')

@@ -8,15 +8,22 @@ checkpoints) all read through here.
   (downloaded once into torch's hub cache), ``open-mmlab://``, ``torchvision://``,
   ``s3://`` and any scheme registered with ``CheckpointLoader.register_scheme``.
 * Every ``torch.load`` that happens meanwhile, including the ones inside mmengine's and
-  torch.hub's loaders (torch.hub passes ``weights_only=False``), is weights-only: the
-  scope sets torch's ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` switch, and adds one allowlist
-  (:func:`allowed_globals`) to torch's: numpy arrays and scalars, and inert stand-ins
-  for ``yacs.config.CfgNode`` (official PolaFormer files), mmengine's ``HistoryBuffer``
-  and ``getattr`` (plain mmengine runner checkpoints). The stand-ins construct plain
-  data; no code of a checkpoint runs. Both changes last only while the file is read.
+  torch.hub's loaders (torch.hub passes ``weights_only=False``), is weights-only, with one
+  allowlist (:func:`allowed_globals`) on top of torch's: numpy arrays and scalars, and
+  inert stand-ins for ``yacs.config.CfgNode`` (official PolaFormer files), mmengine's
+  ``HistoryBuffer`` and ``getattr`` (plain mmengine runner checkpoints). The stand-ins
+  construct plain data; no code of a checkpoint runs. On torch 2.6+ the scope sets torch's
+  ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` switch and adds the allowlist through
+  ``torch.serialization.safe_globals``; older torch (2.1-2.5) has no allowlist API for
+  these entries, so there ``torch.load`` reads with :class:`RestrictedUnpickler`, which
+  resolves only the globals of :func:`restricted_allowlist` (what torch's own weights-only
+  unpickler accepts, plus the same additions) and refuses every other. Both changes last
+  only while the file is read.
 * A file that is not a checkpoint (empty, random bytes, cut short, a text file) raises
   :class:`CheckpointError` naming the file; so does one holding objects outside the
-  allowlist. Neither message suggests switching weights-only loading off.
+  allowlist, and one that is intact but that the installed torch cannot read (saved by a
+  newer torch, say), each with its own message. None suggests switching weights-only
+  loading off.
 * :func:`require_checkpoint` is the one existence check (local paths only).
 
 Writing (:func:`atomic_save`, :func:`replace_file`): the file is written to a temporary
@@ -31,18 +38,21 @@ import os.path as osp
 import pickle
 import re
 import secrets
+import types
 import zipfile
 from collections import OrderedDict
-from typing import Any, Callable, Iterator, List, Optional, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 
 import numpy as np
 import torch
 from mmengine.runner.checkpoint import CheckpointLoader, load_from_local
 
+from .compat import NATIVE_ALLOWLIST, NUMPY_MULTIARRAY
+
 __all__ = [
-    'CheckpointError', 'HistoryBufferStandIn', 'allowed_globals', 'atomic_save', 'atomic_write',
-    'is_local_checkpoint', 'load_checkpoint', 'replace_file', 'require_checkpoint',
-    'safe_load_scope'
+    'CheckpointError', 'HistoryBufferStandIn', 'RestrictedUnpickler', 'allowed_globals',
+    'atomic_save', 'atomic_write', 'is_local_checkpoint', 'load_checkpoint', 'replace_file',
+    'require_checkpoint', 'restricted_allowlist', 'safe_load_scope'
 ]
 
 _FORCE_WEIGHTS_ONLY = 'TORCH_FORCE_WEIGHTS_ONLY_LOAD'
@@ -96,31 +106,140 @@ def allowed_globals() -> list:
         np.dtype,
         np.ndarray,
         *_NUMERIC_DTYPE_CLASSES,
-        (np._core.multiarray.scalar, 'numpy._core.multiarray.scalar'),
-        (np._core.multiarray._reconstruct, 'numpy._core.multiarray._reconstruct'),
-        (np._core.multiarray.scalar, 'numpy.core.multiarray.scalar'),
-        (np._core.multiarray._reconstruct, 'numpy.core.multiarray._reconstruct'),
+        # files written under numpy 2 name numpy._core, under numpy 1 numpy.core
+        (NUMPY_MULTIARRAY.scalar, 'numpy._core.multiarray.scalar'),
+        (NUMPY_MULTIARRAY._reconstruct, 'numpy._core.multiarray._reconstruct'),
+        (NUMPY_MULTIARRAY.scalar, 'numpy.core.multiarray.scalar'),
+        (NUMPY_MULTIARRAY._reconstruct, 'numpy.core.multiarray._reconstruct'),
         _CfgNodeStandIn,
         (HistoryBufferStandIn, 'mmengine.logging.history_buffer.HistoryBuffer'),
         (_getattr_stand_in, 'builtins.getattr'),
     ]
 
 
+def _qualified_name(obj) -> str:
+    return f'{obj.__module__}.{obj.__qualname__}'
+
+
+# What torch's own weights-only unpickler accepts (torch 2.1-2.13 alike), by the names a
+# pickle stores; entries a torch does not have are left out.
+_TORCH_REBUILD_FUNCTIONS = ('_rebuild_parameter', '_rebuild_parameter_with_state',
+                            '_rebuild_tensor', '_rebuild_tensor_v2', '_rebuild_tensor_v3',
+                            '_rebuild_sparse_tensor', '_rebuild_meta_tensor_no_storage',
+                            '_rebuild_nested_tensor')
+
+
+def _torch_weights_globals() -> Dict[str, Any]:
+    rc: Dict[str, Any] = {
+        'collections.OrderedDict': OrderedDict,
+        'collections.Counter': __import__('collections').Counter,
+        'torch.nn.parameter.Parameter': torch.nn.Parameter,
+        'torch.serialization._get_layout': torch.serialization._get_layout,
+        'torch.Size': torch.Size,
+        'torch.Tensor': torch.Tensor,
+        'torch.device': torch.device,
+        'torch._tensor._rebuild_from_type_v2': torch._tensor._rebuild_from_type_v2,
+        'builtins.set': set,
+        'builtins.frozenset': frozenset,
+        'builtins.bytearray': bytearray,
+        'builtins.complex': complex,
+        '_codecs.encode': __import__('_codecs').encode,  # how protocol 2 pickles bytes
+    }
+    for value in vars(torch).values():
+        if isinstance(value, torch.dtype):
+            rc[str(value)] = value
+    for cls in (*torch._tensor_classes, *torch._storage_classes):
+        rc[f'{cls.__module__}.{cls.__name__}'] = cls
+    for name in _TORCH_REBUILD_FUNCTIONS:
+        if hasattr(torch._utils, name):
+            rc[f'torch._utils.{name}'] = getattr(torch._utils, name)
+    return rc
+
+
+def restricted_allowlist() -> Dict[str, Any]:
+    """Every global :class:`RestrictedUnpickler` resolves, by the name a pickle stores:
+    torch's weights-only allowlist and :func:`allowed_globals`."""
+    rc = _torch_weights_globals()
+    for entry in allowed_globals():
+        obj, name = entry if isinstance(entry, tuple) else (entry, _qualified_name(entry))
+        rc[name] = obj
+    return rc
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """A pickle reader that resolves only the globals of :func:`restricted_allowlist` and
+    refuses every other before anything is called: what ``torch.load`` reads with on a
+    torch without an allowlist API for :func:`allowed_globals` (2.1-2.5).
+
+    Objects are built only by calling allowlisted constructors and rebuild functions;
+    a ``__reduce__`` payload naming any other callable (``os.system``, ``eval``, ...) stops
+    the read with ``pickle.UnpicklingError`` naming it.
+    """
+
+    _allowed: Optional[Dict[str, Any]] = None
+
+    def find_class(self, module: str, name: str) -> Any:
+        """The allowlisted object named ``module.name``; anything else is refused."""
+        if RestrictedUnpickler._allowed is None:
+            RestrictedUnpickler._allowed = restricted_allowlist()
+        key = f'{module}.{name}'
+        try:
+            return RestrictedUnpickler._allowed[key]
+        except KeyError:
+            raise pickle.UnpicklingError(
+                f'Weights-only unpickler error: Unsupported global: GLOBAL {key} is not '
+                'an allowed global') from None
+
+
+def _restricted_load(file, **kwargs):
+    return RestrictedUnpickler(file, **kwargs).load()
+
+
+#: The ``pickle_module`` handed to ``torch.load`` on torch 2.1-2.5.
+_RESTRICTED_PICKLE = types.ModuleType('polaformer_mm_restricted_pickle')
+_RESTRICTED_PICKLE.Unpickler = RestrictedUnpickler
+_RESTRICTED_PICKLE.load = _restricted_load
+_RESTRICTED_PICKLE.UnpicklingError = pickle.UnpicklingError
+
+
+def _restricted_torch_load(original: Callable) -> Callable:
+    """``torch.load`` that always reads with :class:`RestrictedUnpickler`, whatever the
+    caller passes for ``weights_only`` or ``pickle_module``."""
+
+    def load(f, map_location=None, pickle_module=None, *, weights_only=None, mmap=None,
+             **pickle_load_args):
+        return original(f, map_location=map_location, pickle_module=_RESTRICTED_PICKLE,
+                        weights_only=False, mmap=mmap, **pickle_load_args)
+
+    load.__doc__ = original.__doc__
+    return load
+
+
 @contextlib.contextmanager
 def safe_load_scope() -> Iterator[None]:
     """Every ``torch.load`` inside is weights-only with :func:`allowed_globals` added.
 
-    Sets ``TORCH_FORCE_WEIGHTS_ONLY_LOAD=1`` (overrides a caller's
-    ``weights_only=False``, e.g. torch.hub's) and unsets
-    ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` for the duration; both are restored on exit.
+    On torch 2.6+ sets ``TORCH_FORCE_WEIGHTS_ONLY_LOAD=1`` (overrides a caller's
+    ``weights_only=False``, e.g. torch.hub's) and adds the allowlist with
+    ``torch.serialization.safe_globals``. On older torch ``torch.load`` itself reads with
+    :class:`RestrictedUnpickler` for the duration (both switches unset: the forced switch
+    would hand the file to torch's own, narrower unpickler). ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``
+    is unset either way. Everything is restored on exit.
     """
     saved = {k: os.environ.get(k) for k in (_FORCE_WEIGHTS_ONLY, _FORCE_NO_WEIGHTS_ONLY)}
-    os.environ[_FORCE_WEIGHTS_ONLY] = '1'
     os.environ.pop(_FORCE_NO_WEIGHTS_ONLY, None)
+    original_load = torch.load
     try:
-        with torch.serialization.safe_globals(allowed_globals()):
+        if NATIVE_ALLOWLIST:
+            os.environ[_FORCE_WEIGHTS_ONLY] = '1'
+            with torch.serialization.safe_globals(allowed_globals()):
+                yield
+        else:
+            os.environ.pop(_FORCE_WEIGHTS_ONLY, None)
+            torch.load = _restricted_torch_load(original_load)
             yield
     finally:
+        torch.load = original_load
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -187,12 +306,43 @@ def _sniff_local(path: str, what: str) -> None:
             'torch.save writes a zip archive, older torch a pickle)')
 
 
-def _read_error(path: str, what: str, err: BaseException) -> CheckpointError:
+def _intact_archive(path: Optional[str]) -> bool:
+    """Whether ``path`` is a local zip archive of torch.save whose every member reads
+    back with a good checksum and whose pickle is complete: a file that is not damaged."""
+    if path is None:
+        return False
+    local = osp.expanduser(path)
+    try:
+        with zipfile.ZipFile(local) as archive:
+            if archive.testzip() is not None:
+                return False
+            pickles = [n for n in archive.namelist() if n.endswith('/data.pkl')]
+            return len(pickles) == 1 and archive.read(pickles[0]).endswith(b'.')
+    except (OSError, zipfile.BadZipFile, EOFError):
+        return False
+
+
+def _unreadable_here(path: str, what: str, reason: str) -> CheckpointError:
+    return CheckpointError(
+        f'{what} {path!r} is an intact checkpoint that this torch ({torch.__version__}) '
+        f'cannot read ({reason}); it was probably saved by a newer torch. Read it with '
+        'that torch and re-save the weights (torch.save(state_dict, PATH)), or upgrade '
+        'torch.')
+
+
+def _read_error(path: str,
+                what: str,
+                err: BaseException,
+                local: Optional[str] = None) -> CheckpointError:
     """A :class:`CheckpointError` that says what is wrong with ``path`` in words a user
-    can act on (torch's own messages suggest disabling weights-only loading)."""
+    can act on (torch's own messages suggest disabling weights-only loading): damaged,
+    holding refused objects, or intact but unreadable by the installed torch."""
     text = str(err)
     refused = _REFUSED_GLOBAL.search(text) if isinstance(err, pickle.UnpicklingError) \
         else None
+    if refused and refused[1].startswith('torch.') and \
+            not _torch_has(refused[1][len('torch.'):]):
+        return _unreadable_here(path, what, f'it holds {refused[1]}, which this torch lacks')
     if refused:
         return CheckpointError(
             f'{what} {path!r} holds objects that weights-only loading refuses '
@@ -200,6 +350,9 @@ def _read_error(path: str, what: str, err: BaseException) -> CheckpointError:
             'mmengine runner state and yacs configs are read. Re-save the weights '
             '(e.g. torch.save(model.state_dict(), PATH)) where the file was made.')
     detail = _UNPICKLER_ERROR.search(text)
+    if not refused and _intact_archive(local):
+        first = text.splitlines()[0][:200] if text else ''
+        return _unreadable_here(path, what, f'{type(err).__name__}: {first}')
     if detail:
         reason = detail[1].strip()
     elif 'zip archive' in text or 'PytorchStreamReader' in text:
@@ -239,15 +392,24 @@ def load_checkpoint(path: Union[str, os.PathLike],
             return CheckpointLoader.load_checkpoint(
                 path, map_location=map_location, logger=logger or 'current')
     except (pickle.UnpicklingError, EOFError) as err:
-        raise _read_error(path, what, err) from None
+        raise _read_error(path, what, err, path if local else None) from None
     except (FileNotFoundError, PermissionError, MemoryError):
         raise
     except Exception as err:
         # a local file: everything past the checks above happens inside torch.load;
         # elsewhere other errors (network, storage) keep their own message
         if local or re.search(r'PytorchStreamReader|zip archive', str(err)):
-            raise _read_error(path, what, err) from None
+            raise _read_error(path, what, err, path if local else None) from None
         raise
+
+
+def _torch_has(dotted: str) -> bool:
+    obj = torch
+    for part in dotted.split('.'):
+        if not hasattr(obj, part):
+            return False
+        obj = getattr(obj, part)
+    return True
 
 
 def replace_file(tmp_path: str, path: str) -> None:

@@ -460,7 +460,8 @@ def test_stage_resizes_every_block_encoding_in_one_call():
     encodings = StagePositionalEncodings()(attns, hw)
     for attn, enc in zip(attns, encodings):
         own = resize_token_grid(attn.positional_encoding, attn.pos_grid, (7, 10), mode='bicubic')
-        torch.testing.assert_close(enc, own, rtol=0, atol=0)
+        # one batched product against one per block: the same maths, rounded by other kernels
+        torch.testing.assert_close(enc, own, rtol=1e-5, atol=1e-6)
     sum((e * torch.randn_like(e)).sum() for e in encodings).backward()
     assert all(a.positional_encoding.grad.abs().sum() > 0 for a in attns)
     # the backbone's forward uses them: the same output as each block resizing alone

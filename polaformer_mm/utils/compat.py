@@ -1,0 +1,125 @@
+"""Version shims: every difference between the supported torch, numpy and Triton releases.
+
+The package is written against the oldest API of its range (torch 2.1, numpy 1.24,
+Python 3.9); where a newer release offers something the code needs, or changed a name, the
+difference is decided here, once, and the rest of the package calls these functions.
+
+* :func:`is_autocast_enabled` -- ``torch.is_autocast_enabled(device_type)`` is torch 2.4+;
+  older torch has one function per device type.
+* :func:`is_compiling` -- ``torch.compiler.is_compiling`` is torch 2.3+.
+* :data:`NATIVE_ALLOWLIST` -- torch 2.6+ takes an allowlist with ``(object, name)`` entries
+  in ``torch.serialization.safe_globals``; on older torch
+  :mod:`polaformer_mm.utils.checkpoint_io` reads checkpoints with its own restricted
+  unpickler instead.
+* :data:`NUMPY_MULTIARRAY` -- numpy 2 moved ``numpy.core`` to ``numpy._core``.
+* :func:`triton_status` -- the fused kernels need Triton 3.0+ (``tl.dot(input_precision=)``,
+  ``autotune(prune_configs_by=)`` with a pruning function of their form).
+
+Only torch and numpy are imported here (Triton lazily, by :func:`triton_status`).
+"""
+import re
+from typing import NamedTuple, Optional, Tuple
+
+import numpy as np
+import torch
+
+__all__ = [
+    'TORCH_VERSION', 'NATIVE_ALLOWLIST', 'NUMPY_MULTIARRAY', 'MIN_TRITON', 'TritonStatus',
+    'is_autocast_enabled', 'is_compiling', 'triton_status', 'version_tuple'
+]
+
+
+def version_tuple(version: str) -> Tuple[int, ...]:
+    """'2.1.2+cu121' -> (2, 1, 2); '3.0.0rc1' -> (3, 0, 0); missing parts are left out."""
+    return tuple(int(x) for x in re.findall(r'\d+', version.split('+')[0])[:3])
+
+
+#: The installed torch's (major, minor, patch).
+TORCH_VERSION = version_tuple(torch.__version__)
+
+#: Whether ``torch.serialization.safe_globals`` takes ``(object, 'module.name')`` entries
+#: (torch 2.6+), which the checkpoint allowlist needs for its stand-ins and numpy aliases.
+NATIVE_ALLOWLIST = TORCH_VERSION >= (2, 6) and hasattr(torch.serialization, 'safe_globals')
+
+#: ``numpy._core.multiarray`` on numpy 2, ``numpy.core.multiarray`` on numpy 1.
+NUMPY_MULTIARRAY = np._core.multiarray if hasattr(np, '_core') else np.core.multiarray
+
+_DEVICE_AUTOCAST_CHECKS = {
+    'cpu': 'is_autocast_cpu_enabled',
+    'xpu': 'is_autocast_xpu_enabled',
+    'ipu': 'is_autocast_ipu_enabled',
+    'xla': 'is_autocast_xla_enabled',
+}
+
+if TORCH_VERSION >= (2, 4):
+
+    def is_autocast_enabled(device_type: str) -> bool:
+        """Whether autocast is on for ``device_type`` ('cpu', 'cuda', ...)."""
+        return torch.is_autocast_enabled(device_type)
+
+else:
+
+    def is_autocast_enabled(device_type: str) -> bool:
+        """Whether autocast is on for ``device_type`` ('cpu', 'cuda', ...)."""
+        if device_type == 'cuda':
+            return torch.is_autocast_enabled()
+        check = getattr(torch, _DEVICE_AUTOCAST_CHECKS.get(device_type, ''), None)
+        return bool(check()) if check is not None else False
+
+
+if hasattr(torch, 'compiler') and hasattr(torch.compiler, 'is_compiling'):
+
+    def is_compiling() -> bool:
+        """Whether the code runs under ``torch.compile``'s tracing (dynamo)."""
+        return torch.compiler.is_compiling()
+
+else:  # torch < 2.3
+
+    def is_compiling() -> bool:
+        """Whether the code runs under ``torch.compile``'s tracing (dynamo)."""
+        return torch._dynamo.is_compiling()
+
+
+#: Oldest Triton the fused kernels run with.
+MIN_TRITON = (3, 0)
+
+
+class TritonStatus(NamedTuple):
+    """Whether the fused kernels can use the installed Triton.
+
+    Args:
+        usable: Triton imports and is recent enough.
+        version: its version string, or None when it does not import.
+        reason: why not (one sentence naming both versions), or None.
+    """
+    usable: bool
+    version: Optional[str]
+    reason: Optional[str]
+
+
+_triton_status: Optional[TritonStatus] = None
+
+
+def triton_status() -> TritonStatus:
+    """Import Triton once and say whether the fused kernels support it.
+
+    Any failure of the import counts (a broken install raises more than ImportError).
+    """
+    global _triton_status
+    if _triton_status is None:
+        need = '.'.join(map(str, MIN_TRITON))
+        try:
+            import triton
+        except Exception as err:  # noqa: BLE001  (ImportError, or a broken install)
+            _triton_status = TritonStatus(
+                False, None, f'Triton does not import ({type(err).__name__}: {err}); '
+                f'the fused kernels need Triton >= {need}')
+        else:
+            version = str(getattr(triton, '__version__', '0'))
+            if version_tuple(version)[:2] < MIN_TRITON:
+                _triton_status = TritonStatus(
+                    False, version, f'Triton {version} is installed; the fused kernels '
+                    f'need Triton >= {need}')
+            else:
+                _triton_status = TritonStatus(True, version, None)
+    return _triton_status
