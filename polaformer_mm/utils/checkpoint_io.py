@@ -32,6 +32,7 @@ a run killed during the write) sees either the old file or the complete new one.
 
 Only torch, numpy and mmengine are imported here (no mmdet / mmseg / mmpretrain).
 """
+import _compat_pickle
 import contextlib
 import os
 import os.path as osp
@@ -52,7 +53,7 @@ from .compat import NATIVE_ALLOWLIST, NUMPY_MULTIARRAY
 __all__ = [
     'CheckpointError', 'HistoryBufferStandIn', 'RestrictedUnpickler', 'allowed_globals',
     'atomic_save', 'atomic_write', 'is_local_checkpoint', 'load_checkpoint', 'replace_file',
-    'require_checkpoint', 'restricted_allowlist', 'safe_load_scope'
+    'require_checkpoint', 'restricted_allowlist', 'restricted_load', 'safe_load_scope'
 ]
 
 _FORCE_WEIGHTS_ONLY = 'TORCH_FORCE_WEIGHTS_ONLY_LOAD'
@@ -182,6 +183,10 @@ class RestrictedUnpickler(pickle.Unpickler):
         """The allowlisted object named ``module.name``; anything else is refused."""
         if RestrictedUnpickler._allowed is None:
             RestrictedUnpickler._allowed = restricted_allowlist()
+        # protocol 2 names Python 2's modules (__builtin__.set), as pickle's own
+        # find_class maps them
+        module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
+        module = _compat_pickle.IMPORT_MAPPING.get(module, module)
         key = f'{module}.{name}'
         try:
             return RestrictedUnpickler._allowed[key]
@@ -202,14 +207,34 @@ _RESTRICTED_PICKLE.load = _restricted_load
 _RESTRICTED_PICKLE.UnpicklingError = pickle.UnpicklingError
 
 
+def restricted_load(f: Any, map_location: Any = 'cpu', **kwargs) -> Any:
+    """``torch.load`` with :class:`RestrictedUnpickler`, on any torch: what
+    :func:`safe_load_scope` reads with where torch has no allowlist API for
+    :func:`allowed_globals` (2.1-2.5).
+
+    Args:
+        f: a path or a file object, as for :func:`torch.load`.
+        map_location: as for :func:`torch.load`. Default: ``'cpu'``.
+        **kwargs: further arguments of :func:`torch.load` (``mmap``); ``weights_only``
+            and ``pickle_module`` are ignored.
+    """
+    kwargs.pop('weights_only', None)
+    kwargs.pop('pickle_module', None)
+    return _TORCH_LOAD(f, map_location=map_location, pickle_module=_RESTRICTED_PICKLE,
+                       weights_only=False, **kwargs)
+
+
+#: torch.load as torch defines it (the scope below swaps the attribute on old torch).
+_TORCH_LOAD = torch.load
+
+
 def _restricted_torch_load(original: Callable) -> Callable:
     """``torch.load`` that always reads with :class:`RestrictedUnpickler`, whatever the
     caller passes for ``weights_only`` or ``pickle_module``."""
 
-    def load(f, map_location=None, pickle_module=None, *, weights_only=None, mmap=None,
-             **pickle_load_args):
+    def load(f, map_location=None, pickle_module=None, *, weights_only=None, **kwargs):
         return original(f, map_location=map_location, pickle_module=_RESTRICTED_PICKLE,
-                        weights_only=False, mmap=mmap, **pickle_load_args)
+                        weights_only=False, **kwargs)
 
     load.__doc__ = original.__doc__
     return load

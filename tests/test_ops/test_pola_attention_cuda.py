@@ -1,20 +1,21 @@
 """The attention op on a CUDA GPU: torch path and Triton kernels against the float64
 reference, autocast, and the kernels against the torch path. Skipped without a GPU."""
-import importlib.util
+import logging
 
 import pytest
 import torch
 
 from polaformer_mm.ops import pola_linear_attention, pola_linear_attention_reference
+from polaformer_mm.utils.compat import triton_status
 from .._cuda import CUDA
 
 pytestmark = CUDA
 
-HAS_TRITON = importlib.util.find_spec('triton') is not None
+HAS_TRITON = triton_status().usable
 BACKENDS = [
     'torch',
     pytest.param(
-        'triton', marks=pytest.mark.skipif(not HAS_TRITON, reason='Triton is not installed')),
+        'triton', marks=pytest.mark.skipif(not HAS_TRITON, reason=str(triton_status().reason))),
 ]
 
 
@@ -79,7 +80,7 @@ def test_autocast_is_finite_and_close_to_float32(backend, amp_dtype):
     _assert_close(results, expected, 5e-2, 2e-2)
 
 
-@pytest.mark.skipif(not HAS_TRITON, reason='Triton is not installed')
+@pytest.mark.skipif(not HAS_TRITON, reason=str(triton_status().reason))
 @pytest.mark.parametrize('shape', [(2, 1, 4097, 4097, 64), (2, 6, 1000, 999, 32),
                                    (1, 2, 33, 5000, 64), (3, 2, 17, 3, 16)])
 def test_triton_matches_the_torch_path(shape):
@@ -90,7 +91,7 @@ def test_triton_matches_the_torch_path(shape):
     _assert_close(_run(inputs, weights, backend='triton'), expected, 1e-4, 1e-5)
 
 
-@pytest.mark.skipif(not HAS_TRITON, reason='Triton is not installed')
+@pytest.mark.skipif(not HAS_TRITON, reason=str(triton_status().reason))
 def test_auto_backend_is_triton_on_cuda():
     q, k, v, power = (t.float().cuda() for t in _inputs())
     torch.testing.assert_close(
@@ -98,3 +99,24 @@ def test_auto_backend_is_triton_on_cuda():
         pola_linear_attention(q, k, v, power, backend='triton'),
         rtol=0,
         atol=0)
+
+
+@pytest.mark.skipif(HAS_TRITON, reason='the installed Triton is supported')
+def test_unsupported_triton_takes_the_torch_path_and_names_both_versions(caplog):
+    """With a Triton the kernels do not support (torch 2.1 ships 2.1.0), 'auto' runs the
+    torch path on CUDA and says why once; 'triton' is an error naming both versions."""
+    from mmengine.logging import MMLogger
+    q, k, v, power = (t.float().cuda() for t in _inputs())
+    logger = MMLogger.get_current_instance()
+    logger.propagate = True
+    with caplog.at_level(logging.WARNING):
+        auto = pola_linear_attention(q, k, v, power)
+        pola_linear_attention(q, k, v, power)
+    torch.testing.assert_close(auto, pola_linear_attention(q, k, v, power, backend='torch'),
+                               rtol=0, atol=0)
+    assert sum('backend="auto" uses the torch path' in r.getMessage()
+               for r in caplog.records) <= 1
+    with pytest.raises(RuntimeError, match=r'>= 3\.0') as info:
+        pola_linear_attention(q, k, v, power, backend='triton')
+    if triton_status().version:
+        assert triton_status().version in str(info.value)

@@ -94,3 +94,120 @@ def _umask():
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+class _Touch:
+    """A payload that would create a file if it ever ran."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (os.system, (f'touch {self.path}', ))
+
+
+def _numpy_and_runner_state(path):
+    import numpy as np
+    from collections import OrderedDict
+    obj = {
+        'state_dict': OrderedDict(w=torch.randn(3, 4), b=torch.nn.Parameter(torch.ones(2))),
+        'meta': {'epoch': 3, 'iter': np.int64(12), 'lr': np.float32(0.5),
+                 'hist': np.arange(5, dtype=np.float64), 'shape': torch.Size([2, 3]),
+                 'dtype': torch.float16, 'tags': {'a', 'b'}, 'raw': b'\x00\x01'},
+        'half': torch.zeros(2, dtype=torch.bfloat16),
+        'view': torch.arange(10.)[2:7],
+    }
+    torch.save(obj, path)
+    return obj
+
+
+def _assert_same(a, b):
+    import numpy as np
+    if isinstance(a, torch.Tensor):
+        assert type(a) is type(b) and a.dtype == b.dtype and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert type(a) is type(b) and list(a) == list(b)
+        for k in a:
+            _assert_same(a[k], b[k])
+    elif isinstance(a, np.ndarray):
+        np.testing.assert_array_equal(a, b)
+    else:
+        assert a == b and type(a) is type(b), (a, b)
+
+
+def test_restricted_unpickler_reads_what_checkpoints_hold(tmp_path):
+    """The restricted reader (what torch 2.1-2.5 read with) and the scope on this torch
+    give back the same objects: tensors and parameters, views, numpy arrays and scalars,
+    sizes, dtypes, sets and bytes."""
+    from polaformer_mm.utils.checkpoint_io import restricted_load
+    path = tmp_path / 'mixed.pth'
+    want = _numpy_and_runner_state(path)
+    _assert_same(want, restricted_load(str(path)))
+    _assert_same(want, load_checkpoint(str(path)))
+
+
+@pytest.mark.parametrize('legacy', [False, True])
+def test_payloads_are_refused_and_never_run(tmp_path, legacy):
+    """The os.system payload is refused before it is called, by the restricted reader
+    and by load_checkpoint on this torch, in the zip and the legacy format."""
+    from polaformer_mm.utils.checkpoint_io import restricted_load
+    marker = tmp_path / 'ran'
+    path = tmp_path / 'evil.pth'
+    torch.save({'w': torch.ones(2), 'x': _Touch(marker)}, path,
+               _use_new_zipfile_serialization=not legacy)
+    with pytest.raises(pickle.UnpicklingError, match=r'GLOBAL posix\.system'):
+        restricted_load(str(path))
+    with pytest.raises(CheckpointError, match=r'refuses \(posix\.system\)'):
+        load_checkpoint(str(path))
+    # and inside the scope a caller's own weights_only=False changes nothing
+    with safe_load_scope(), pytest.raises(pickle.UnpicklingError, match='system'):
+        torch.load(path, weights_only=False)
+    assert not marker.exists()
+
+
+def test_the_scope_leaves_torch_load_as_it_found_it(tmp_path):
+    original = torch.load
+    with safe_load_scope():
+        with safe_load_scope():
+            pass
+        torch.load(_good(tmp_path / 'g.pth'))
+    assert torch.load is original
+
+
+def _rewrite_member(path, old, new):
+    """Replace bytes inside the pickle of a torch.save zip, keeping the archive intact."""
+    import zipfile
+    with zipfile.ZipFile(path) as src:
+        members = [(info, src.read(info)) for info in src.infolist()]
+    with zipfile.ZipFile(path, 'w', compression=zipfile.ZIP_STORED) as dst:
+        for info, data in members:
+            if info.filename.endswith('/data.pkl'):
+                assert old in data
+                data = data.replace(old, new)
+            dst.writestr(info.filename, data)
+
+
+def test_an_intact_file_this_torch_cannot_read_is_not_called_damaged(tmp_path):
+    """A dtype this torch does not have (as in a file from a newer torch): the message
+    says the file is intact and this torch cannot read it, not that it is damaged."""
+    path = tmp_path / 'newer.pth'
+    torch.save({'w': torch.ones(2), 'dtype': torch.float32}, path)
+    _rewrite_member(path, b'float32', b'float99')
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(str(path))
+    message = str(info.value)
+    assert 'intact checkpoint that this torch' in message and 'torch.float99' in message
+    assert 'complete' not in message and 'damaged' not in message
+    assert 'weights_only' not in _shown(info.value)
+
+
+def test_a_damaged_member_is_called_damaged(tmp_path):
+    path = tmp_path / 'flipped.pth'
+    _good(path)
+    data = bytearray(path.read_bytes())
+    at = data.index(b'data.pkl') + 200  # inside the pickle's bytes
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match='not a .*checkpoint|damaged') as info:
+        load_checkpoint(str(path))
+    assert 'intact' not in str(info.value)
