@@ -10,10 +10,9 @@ STACK_REQS := requirements/runtime.txt requirements/tests.txt
 else ifeq ($(STACK),oldest)
 VENV ?= .venv-oldest
 STACK_REQS := requirements/oldest.txt
-# PyPI's torch 2.1.2 is a CUDA 12.1 build: with no GPU visible, or an nvcc of another CUDA
-# major version, mmcv gets its CPU ops (set POLA_MMCV_CPU_ONLY=0 to insist on CUDA ops)
-POLA_MMCV_CPU_ONLY ?= $(shell nvidia-smi -L >/dev/null 2>&1 || echo 1)
-export POLA_MMCV_CPU_ONLY
+# PyPI's torch 2.1.2 is a CUDA 12.1 build: with no GPU visible its mmcv gets CPU ops
+# (tools/build_mmcv_wheel.sh with POLA_MMCV_CPU_ONLY=1, unless that is set already)
+MMCV_BUILD_ENV := $(if $(POLA_MMCV_CPU_ONLY),,$(shell nvidia-smi -L >/dev/null 2>&1 || echo POLA_MMCV_CPU_ONLY=1))
 else
 $(error STACK must be 'pinned' (requirements/runtime.txt, tests.txt) or 'oldest' (requirements/oldest.txt), not '$(STACK)')
 endif
@@ -33,7 +32,7 @@ $(PY):
 
 $(STAMP): $(PY) requirements/build.txt $(STACK_REQS) requirements/mim.txt setup.py
 	$(PIP) install -r requirements/build.txt $$(grep -hE '^(torch|numpy)==' $(STACK_REQS))
-	wheels=$$(tools/build_mmcv_wheel.sh $(PY)) && \
+	wheels=$$($(MMCV_BUILD_ENV) tools/build_mmcv_wheel.sh $(PY)) && \
 	  $(PIP) install --find-links "$$wheels" --only-binary mmcv \
 	    $(addprefix -r ,$(STACK_REQS)) && \
 	  $(PIP) install --no-deps -r requirements/mim.txt

@@ -559,8 +559,10 @@ def _log_triton_fallback_once(reason: str) -> None:
     import logging
 
     from mmengine.logging import print_log
-    print_log(f'pola_linear_attention: {reason}; backend="auto" uses the torch path on CUDA',
-              logger='current', level=logging.WARNING)
+    print_log(
+        f'pola_linear_attention: {reason}; backend="auto" uses the torch path on CUDA',
+        logger='current',
+        level=logging.WARNING)
 
 
 def pola_linear_attention(q: Tensor,

@@ -220,8 +220,12 @@ def restricted_load(f: Any, map_location: Any = 'cpu', **kwargs) -> Any:
     """
     kwargs.pop('weights_only', None)
     kwargs.pop('pickle_module', None)
-    return _TORCH_LOAD(f, map_location=map_location, pickle_module=_RESTRICTED_PICKLE,
-                       weights_only=False, **kwargs)
+    return _TORCH_LOAD(
+        f,
+        map_location=map_location,
+        pickle_module=_RESTRICTED_PICKLE,
+        weights_only=False,
+        **kwargs)
 
 
 #: torch.load as torch defines it (the scope below swaps the attribute on old torch).
@@ -233,8 +237,12 @@ def _restricted_torch_load(original: Callable) -> Callable:
     caller passes for ``weights_only`` or ``pickle_module``."""
 
     def load(f, map_location=None, pickle_module=None, *, weights_only=None, **kwargs):
-        return original(f, map_location=map_location, pickle_module=_RESTRICTED_PICKLE,
-                        weights_only=False, **kwargs)
+        return original(
+            f,
+            map_location=map_location,
+            pickle_module=_RESTRICTED_PICKLE,
+            weights_only=False,
+            **kwargs)
 
     load.__doc__ = original.__doc__
     return load

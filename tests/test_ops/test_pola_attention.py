@@ -124,7 +124,8 @@ class _LargestTensor:
     def __exit__(self, *exc):
         self._prof.__exit__(*exc)
         self.largest = max((math.prod(shape) for evt in self._prof.events()
-                            for shape in evt.input_shapes if shape), default=0)
+                            for shape in evt.input_shapes if shape),
+                           default=0)
         return False
 
 

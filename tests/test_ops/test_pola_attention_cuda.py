@@ -112,10 +112,9 @@ def test_unsupported_triton_takes_the_torch_path_and_names_both_versions(caplog)
     with caplog.at_level(logging.WARNING):
         auto = pola_linear_attention(q, k, v, power)
         pola_linear_attention(q, k, v, power)
-    torch.testing.assert_close(auto, pola_linear_attention(q, k, v, power, backend='torch'),
-                               rtol=0, atol=0)
-    assert sum('backend="auto" uses the torch path' in r.getMessage()
-               for r in caplog.records) <= 1
+    torch.testing.assert_close(
+        auto, pola_linear_attention(q, k, v, power, backend='torch'), rtol=0, atol=0)
+    assert sum('backend="auto" uses the torch path' in r.getMessage() for r in caplog.records) <= 1
     with pytest.raises(RuntimeError, match=r'>= 3\.0') as info:
         pola_linear_attention(q, k, v, power, backend='triton')
     if triton_status().version:

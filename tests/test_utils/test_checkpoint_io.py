@@ -107,13 +107,21 @@ class _Touch:
 
 
 def _numpy_and_runner_state(path):
-    import numpy as np
     from collections import OrderedDict
+
+    import numpy as np
     obj = {
         'state_dict': OrderedDict(w=torch.randn(3, 4), b=torch.nn.Parameter(torch.ones(2))),
-        'meta': {'epoch': 3, 'iter': np.int64(12), 'lr': np.float32(0.5),
-                 'hist': np.arange(5, dtype=np.float64), 'shape': torch.Size([2, 3]),
-                 'dtype': torch.float16, 'tags': {'a', 'b'}, 'raw': b'\x00\x01'},
+        'meta': {
+            'epoch': 3,
+            'iter': np.int64(12),
+            'lr': np.float32(0.5),
+            'hist': np.arange(5, dtype=np.float64),
+            'shape': torch.Size([2, 3]),
+            'dtype': torch.float16,
+            'tags': {'a', 'b'},
+            'raw': b'\x00\x01'
+        },
         'half': torch.zeros(2, dtype=torch.bfloat16),
         'view': torch.arange(10.)[2:7],
     }
@@ -153,7 +161,11 @@ def test_payloads_are_refused_and_never_run(tmp_path, legacy):
     from polaformer_mm.utils.checkpoint_io import restricted_load
     marker = tmp_path / 'ran'
     path = tmp_path / 'evil.pth'
-    torch.save({'w': torch.ones(2), 'x': _Touch(marker)}, path,
+    torch.save({
+        'w': torch.ones(2),
+        'x': _Touch(marker)
+    },
+               path,
                _use_new_zipfile_serialization=not legacy)
     with pytest.raises(pickle.UnpicklingError, match=r'GLOBAL posix\.system'):
         restricted_load(str(path))
