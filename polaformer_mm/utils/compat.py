@@ -9,6 +9,10 @@ difference is decided here, once, and the rest of the package calls these functi
 * :func:`is_compiling` -- ``torch.compiler.is_compiling`` is torch 2.3+.
 * :func:`in_graph_capture` -- whether a trace, an ONNX export, ``torch.compile`` or
   ``torch.export`` records the code (``torch.compiler.is_exporting`` is torch 2.5+).
+* :data:`TORCHSCRIPT_ONNX_EXPORT` -- the keyword arguments that make ``torch.onnx.export``
+  use the TorchScript exporter: ``dynamo=False`` where the function takes ``dynamo``
+  (torch 2.5+; torch 2.9+ defaults to the dynamo exporter), none on older torch, whose
+  only exporter it is.
 * :data:`NATIVE_ALLOWLIST` -- torch 2.6+ takes an allowlist with ``(object, name)`` entries
   in ``torch.serialization.safe_globals``; on older torch
   :mod:`polaformer_mm.utils.checkpoint_io` reads checkpoints with its own restricted
@@ -19,6 +23,7 @@ difference is decided here, once, and the rest of the package calls these functi
 
 Only torch and numpy are imported here (Triton lazily, by :func:`triton_status`).
 """
+import inspect
 import re
 from typing import NamedTuple, Optional, Tuple
 
@@ -27,7 +32,8 @@ import torch
 
 __all__ = [
     'TORCH_VERSION', 'NATIVE_ALLOWLIST', 'NUMPY_MULTIARRAY', 'MIN_TRITON', 'TritonStatus',
-    'is_autocast_enabled', 'is_compiling', 'in_graph_capture', 'triton_status', 'version_tuple'
+    'TORCHSCRIPT_ONNX_EXPORT', 'is_autocast_enabled', 'is_compiling', 'in_graph_capture',
+    'triton_status', 'version_tuple'
 ]
 
 
@@ -95,6 +101,11 @@ def in_graph_capture() -> bool:
                 or torch.onnx.is_in_onnx_export() or is_compiling()
                 or (_is_exporting is not None and _is_exporting()))
 
+
+#: Keyword arguments of ``torch.onnx.export`` that select the TorchScript exporter.
+TORCHSCRIPT_ONNX_EXPORT = ({
+    'dynamo': False
+} if 'dynamo' in inspect.signature(torch.onnx.export).parameters else {})
 
 #: Oldest Triton the fused kernels run with.
 MIN_TRITON = (3, 0)
