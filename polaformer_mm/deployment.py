@@ -148,7 +148,6 @@ def build_exportable(config: str,
         tuple: the :class:`ExportableModel` and the config's data preprocessor settings
         (``mean``, ``std``, ``pad_size_divisor``; empty when the config has none).
     """
-    import polaformer_mm  # noqa: F401  (registers the backbones)
     from mmengine.registry import MODELS, init_default_scope
     from mmengine.runner.checkpoint import _load_checkpoint_to_model
 

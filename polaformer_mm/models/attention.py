@@ -371,8 +371,8 @@ class SpatialReductionAttention(nn.Module):
         q = self.q(x).reshape(B, N, self.num_heads, self.head_dims).transpose(1, 2)
         if self.reduction is not None:
             x, _ = self.reduction(x, hw_shape)
-        k, v = self.kv(x).reshape(B, -1, 2, self.num_heads,
-                                  self.head_dims).permute(2, 0, 3, 1, 4).unbind(0)
+        k, v = self.kv(x).reshape(B, -1, 2, self.num_heads, self.head_dims).permute(2, 0, 3, 1,
+                                                                                    4).unbind(0)
         dropout = self.attn_drop if self.training else 0.
         if in_graph_capture():
             # the same maths in the operators of every ONNX opset (SDPA needs opset 14)

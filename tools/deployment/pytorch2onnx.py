@@ -15,36 +15,59 @@ import os.path as osp
 import sys
 from typing import List, Optional
 
-# polaformer_mm before anything that imports torchvision: keep this order
 sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..', '..')))
+# polaformer_mm before anything that imports torchvision: keep this order
+# isort: off
 import polaformer_mm  # noqa: E402,F401  (registers the backbones; before torchvision)
-from polaformer_mm.deployment import (DEFAULT_OPSET, build_exportable, check_onnx,  # noqa: E402
-                                      compare_onnxruntime, export_onnx, other_shapes)
+from polaformer_mm.deployment import DEFAULT_OPSET, build_exportable, check_onnx  # noqa: E402
+from polaformer_mm.deployment import compare_onnxruntime, export_onnx, other_shapes  # noqa: E402
+# isort: on
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('config', help='mmdet / mmseg (or, with --backbone-only, '
-                        'mmpretrain) config file')
-    parser.add_argument('checkpoint', nargs='?', default=None,
-                        help='checkpoint of the whole model (weights-only loading); without '
-                        'it the initial weights are exported')
-    parser.add_argument('--shape', type=int, nargs=2, required=True, metavar=('H', 'W'),
-                        help='input height and width of the export')
-    parser.add_argument('--dynamic', action='store_true',
-                        help='dynamic batch, height and width (checked at three sizes)')
-    parser.add_argument('--backbone-only', action='store_true',
-                        help='export the backbone (stage maps) instead of the whole model')
-    parser.add_argument('--out', default=None,
-                        help='output file (default: the config name with .onnx, here)')
-    parser.add_argument('--opset', type=int, default=DEFAULT_OPSET,
-                        help=f'ONNX opset (default: {DEFAULT_OPSET})')
-    parser.add_argument('--check-shapes', type=int, nargs='+', default=None, metavar='HW',
-                        help='input sizes to check besides the export size, as H W pairs '
-                        '(default with --dynamic: two others, see other_shapes)')
-    parser.add_argument('--rtol', type=float, default=1e-4,
-                        help='largest accepted max abs difference / output peak')
+    parser.add_argument(
+        'config', help='mmdet / mmseg (or, with --backbone-only, '
+        'mmpretrain) config file')
+    parser.add_argument(
+        'checkpoint',
+        nargs='?',
+        default=None,
+        help='checkpoint of the whole model (weights-only loading); without '
+        'it the initial weights are exported')
+    parser.add_argument(
+        '--shape',
+        type=int,
+        nargs=2,
+        required=True,
+        metavar=('H', 'W'),
+        help='input height and width of the export')
+    parser.add_argument(
+        '--dynamic',
+        action='store_true',
+        help='dynamic batch, height and width (checked at three sizes)')
+    parser.add_argument(
+        '--backbone-only',
+        action='store_true',
+        help='export the backbone (stage maps) instead of the whole model')
+    parser.add_argument(
+        '--out', default=None, help='output file (default: the config name with .onnx, here)')
+    parser.add_argument(
+        '--opset', type=int, default=DEFAULT_OPSET, help=f'ONNX opset (default: {DEFAULT_OPSET})')
+    parser.add_argument(
+        '--check-shapes',
+        type=int,
+        nargs='+',
+        default=None,
+        metavar='HW',
+        help='input sizes to check besides the export size, as H W pairs '
+        '(default with --dynamic: two others, see other_shapes)')
+    parser.add_argument(
+        '--rtol',
+        type=float,
+        default=1e-4,
+        help='largest accepted max abs difference / output peak')
     args = parser.parse_args(argv)
     if args.check_shapes is not None:
         if len(args.check_shapes) % 2:
@@ -59,8 +82,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
     args = parse_args(argv)
     part = 'backbone' if args.backbone_only else 'model'
     module, preprocessor = build_exportable(args.config, args.checkpoint, part)
-    out = args.out or osp.splitext(osp.basename(args.config))[0] + (
-        '_backbone' if args.backbone_only else '') + '.onnx'
+    out = args.out or osp.splitext(osp.basename(
+        args.config))[0] + ('_backbone' if args.backbone_only else '') + '.onnx'
     export_onnx(module, out, args.shape, dynamic=args.dynamic, opset=args.opset)
     ops = check_onnx(out)
     print(f'exported {module.description} to {out} (opset {args.opset}, '

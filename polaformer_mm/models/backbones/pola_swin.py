@@ -292,8 +292,8 @@ class SwinBlock(BaseModule):
         H, W = hw_shape
         B, N, C = x.shape
         ws = self.window_size
-        to_windows, from_windows, regions = _captured_window_layout(
-            H, W, ws, self.shifted, x.device)
+        to_windows, from_windows, regions = _captured_window_layout(H, W, ws, self.shifted,
+                                                                    x.device)
         Hp, Wp = _padded_size(H, ws), _padded_size(W, ws)
         x = F.pad(x.view(B, H, W, C), (0, 0, 0, Wp - W, 0, Hp - H))
         windows = x.reshape(B, -1, C).index_select(1, to_windows).view(-1, ws * ws, C)
