@@ -563,8 +563,10 @@ def _plain_path(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: float, ep
     step and serves any token count. Autograd differentiates it as it stands.
 
     With ``K = [k+, k-]`` and ``Q = [q+, q-]`` (features scaled as in the torch path),
-    the same-signed stream is ``Q (K^T [v1, 1] / n)`` and the opposite one
-    ``[q-, q+] (K^T [v2, 1] / n)``; the last column is the denominator.
+    stream c (its value channels ``v_c``) is ``Q W_c`` with ``W_c = [K^T v_c / n,
+    mean(K)]``, the rows of k+ and k- swapped for the opposite stream; the last column
+    is the denominator. The same matrix products as the torch path's (``K^T v`` and
+    ``Q W``), which FLOP counters of a trace count as the op's.
     """
     if isinstance(eps, Tensor):
         eps = eps.to(q.dtype)
@@ -572,16 +574,18 @@ def _plain_path(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: float, ep
     log_scale = None if scale is None else torch.log(scale)
     q_pos, q_neg, shift_q = _plain_features(q, p, log_scale, per_row=True)
     k_pos, k_neg, shift_k = _plain_features(k, p, log_scale, per_row=False)
+    queries = torch.cat([q_pos, q_neg], dim=-1)  # (B, h, N, 2d)
     keys_t = torch.cat([k_pos, k_neg], dim=-1).transpose(-2, -1)  # (B, h, 2d, n)
-    ones = torch.ones_like(v[..., :1])
+    k_mean = keys_t.mean(dim=-1, keepdim=True)
     inv_n = 1. / k.shape[-2]
     eps_scaled = torch.exp((-(shift_q + shift_k)).clamp_min(_exp_floor(q.dtype)))
     eps_scaled = (eps_scaled * eps).clamp_min(torch.finfo(q.dtype).tiny)
     outs = []
-    for queries, values in zip(
-        (torch.cat([q_pos, q_neg], dim=-1), torch.cat([q_neg, q_pos], dim=-1)),
-            torch.chunk(v, 2, dim=-1)):
-        summary = torch.matmul(keys_t, torch.cat([values, ones], dim=-1)) * inv_n
+    # torch.chunk(v, 2, -1): v1 the first ceil(d/2) channels, v2 the rest (none at d == 1)
+    for i, values in enumerate(torch.chunk(v, 2, dim=-1)):
+        summary = torch.cat([torch.matmul(keys_t, values) * inv_n, k_mean], dim=-1)
+        if i == 1:  # opposite signs: q+ meets k-, q- meets k+
+            summary = torch.cat(summary.chunk(2, dim=-2)[::-1], dim=-2)
         full = torch.matmul(queries, summary)  # numerators, then the denominator
         outs.append(full[..., :-1] * torch.reciprocal(full[..., -1:] + eps_scaled))
     return torch.cat(outs, dim=-1)

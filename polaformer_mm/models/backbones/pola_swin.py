@@ -167,7 +167,7 @@ def _captured_window_layout(H, W, window_size: int, shifted: bool, device: torch
     ids = region(torch.arange(Hp, device=device), Hp)[:, None] * 3 + region(
         torch.arange(Wp, device=device), Wp)[None, :]
     padded = (rows >= H)[:, None] | (cols >= W)[None, :]
-    return to_windows, from_windows, windows(torch.where(padded, -torch.ones_like(ids), ids))
+    return to_windows, from_windows, windows(ids.masked_fill(padded, -1))
 
 
 class SwinBlock(BaseModule):
