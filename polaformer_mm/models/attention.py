@@ -13,6 +13,7 @@ from mmengine.registry import MODELS
 from torch import Tensor
 
 from ..ops import check_alpha, depthwise_conv2d, pola_linear_attention
+from ..utils.compat import in_graph_capture
 from .utils import conv_token_map, nchw_to_nlc, nlc_to_nchw, pad_to_multiple, resize_token_grid
 
 FAMILIES = ('pvt', 'swin')
@@ -62,6 +63,13 @@ class SpatialReduction(nn.Module):
         x = conv_token_map(self.sr, pad_to_multiple(nlc_to_nchw(x, hw_shape), self.ratio))
         kv_hw = (x.shape[2], x.shape[3])
         return self.norm(nchw_to_nlc(x)), kv_hw
+
+
+def split_heads(x: Tensor, num_heads: int, head_dims: int) -> Tensor:
+    """Tokens (B, N, h*d) -> heads (B, h, N, d), a view where the layout allows (a
+    reshape whose sizes the graph takes from ``x`` under a trace: an ONNX Reshape of
+    every opset, where ``unflatten`` needs opset 13)."""
+    return x.reshape(x.shape[0], x.shape[1], num_heads, head_dims).transpose(1, 2)
 
 
 def _linear_parts(layer: nn.Linear, x: Tensor, parts: int) -> List[Tensor]:
@@ -156,7 +164,9 @@ class PolaLinearAttention(nn.Module):
     def key_grid(self, hw_shape: Sequence[int]) -> Tuple[int, int]:
         """The grid of the keys for queries on ``hw_shape`` (ceil after reduction)."""
         r = self.sr_ratio
-        return (-(-hw_shape[0] // r), -(-hw_shape[1] // r))
+        # (s + r - 1) // r, not -(-s // r): the TorchScript exporter writes a floor
+        # division of integers as ONNX Div, which truncates negative quotients
+        return ((hw_shape[0] + r - 1) // r, (hw_shape[1] + r - 1) // r)
 
     def project(self,
                 x: Tensor,
@@ -200,7 +210,7 @@ class PolaLinearAttention(nn.Module):
         """
         B, N, C = x.shape
         H, W = hw_shape
-        if N != H * W or C != self.embed_dims:
+        if not in_graph_capture() and (N != H * W or C != self.embed_dims):
             raise ValueError(f'PolaLinearAttention expects (B, {H}*{W}, {self.embed_dims}) '
                              f'tokens for hw_shape {tuple(hw_shape)}; got {tuple(x.shape)}')
         if self.family == 'swin':
@@ -222,7 +232,7 @@ class PolaLinearAttention(nn.Module):
         k = k + pos_encoding
         eps = 1e-6
         if padding_mask is not None:
-            if padding_mask.shape != (B, N):
+            if not in_graph_capture() and padding_mask.shape != (B, N):
                 raise ValueError(f'padding_mask must be ({B}, {N}), got '
                                  f'{tuple(padding_mask.shape)}')
             keep = (~padding_mask).unsqueeze(-1).to(k.dtype)
@@ -231,9 +241,7 @@ class PolaLinearAttention(nn.Module):
             # of the real keys alone
             eps = keep.sum(dim=1).view(B, 1, 1, 1) * (eps / N)
         h, d = self.num_heads, self.head_dims
-        q = q.unflatten(-1, (h, d)).transpose(1, 2)
-        k = k.unflatten(-1, (h, d)).transpose(1, 2)
-        v = v.unflatten(-1, (h, d)).transpose(1, 2)
+        q, k, v = (split_heads(t, h, d) for t in (q, k, v))
         scale = F.softplus(self.scale).view(1, h, 1, d)
         if divide:
             q, k = q / scale, k / scale
@@ -258,7 +266,9 @@ class PolaLinearAttention(nn.Module):
         # conv over all C = h*d channels with the kernel repeated per head (channel
         # head * d + j uses kernel j), on v in its token layout (B, N, C) seen as a
         # channels-last map: no per-head copies of v or of the result.
-        if n != N:
+        # under a graph capture the branch follows the structure, not the sizes the
+        # capture saw (an interpolation to the same size changes nothing)
+        if (self.sr_ratio > 1) if in_graph_capture() else (n != N):
             # the official code stretches the flattened key sequence (1-D linear).
             v = F.interpolate(v.transpose(-2, -1).reshape(B * h, d, n), size=N, mode='linear')
             v = v.reshape(B, C, H, W).contiguous(memory_format=torch.channels_last)
@@ -278,7 +288,10 @@ class StagePositionalEncodings:
     All ``P`` that need resizing to the same grid are resized in one bicubic call
     (gradients still reach every block's own ``P``). With gradients off (inference)
     the result is kept per key grid until a ``P`` changes (its version counter),
-    device or dtype; with gradients on it is computed at every call.
+    device or dtype; with gradients on it is computed at every call. Under a graph
+    capture (trace, export, ``torch.compile``) every ``P`` is resized by a recorded
+    operator, whatever the grids at capture time (a captured grid stands for any
+    size), and nothing is cached or read from the cache.
     """
 
     def __init__(self):
@@ -290,14 +303,15 @@ class StagePositionalEncodings:
         """One entry per module: the resized ``P`` of a :class:`PolaLinearAttention`
         whose grid differs from its key grid, else None (the module uses its own
         ``P``, or is no Pola module)."""
+        capture = in_graph_capture()
         todo = [
-            i for i, m in enumerate(modules)
-            if isinstance(m, PolaLinearAttention) and m.key_grid(hw_shape) != m.pos_grid
+            i for i, m in enumerate(modules) if isinstance(m, PolaLinearAttention) and (
+                capture or m.key_grid(hw_shape) != m.pos_grid)
         ]
         if not todo:
             return [None] * len(modules)
         params = [modules[i].positional_encoding for i in todo]
-        cache = not torch.is_grad_enabled()
+        cache = not torch.is_grad_enabled() and not capture
         if cache:
             key = (tuple(hw_shape), tuple(todo),
                    tuple((id(p), p._version, p.device, p.dtype) for p in params))
@@ -307,9 +321,11 @@ class StagePositionalEncodings:
         groups = {}
         for i in todo:
             m = modules[i]
-            groups.setdefault((m.pos_grid, m.key_grid(hw_shape)), []).append(i)
-        for (src, dst), indices in groups.items():
+            # the key grid follows from the reduction
+            groups.setdefault((m.pos_grid, m.sr_ratio), []).append(i)
+        for (src, _), indices in groups.items():
             stacked = torch.cat([modules[i].positional_encoding for i in indices])
+            dst = modules[indices[0]].key_grid(hw_shape)
             resized = resize_token_grid(stacked, src, dst, mode='bicubic')
             for i, encoding in zip(indices, resized.split(1)):
                 out[i] = encoding
@@ -355,9 +371,15 @@ class SpatialReductionAttention(nn.Module):
         q = self.q(x).reshape(B, N, self.num_heads, self.head_dims).transpose(1, 2)
         if self.reduction is not None:
             x, _ = self.reduction(x, hw_shape)
-        k, v = self.kv(x).reshape(B, -1, 2, self.num_heads, self.head_dims).permute(2, 0, 3, 1, 4)
-        out = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.attn_drop if self.training else 0.)
+        k, v = self.kv(x).reshape(B, -1, 2, self.num_heads, self.head_dims).permute(2, 0, 3, 1,
+                                                                                    4).unbind(0)
+        dropout = self.attn_drop if self.training else 0.
+        if in_graph_capture():
+            # the same maths in the operators of every ONNX opset (SDPA needs opset 14)
+            attn = torch.matmul(q * self.head_dims**-0.5, k.transpose(-2, -1)).softmax(dim=-1)
+            out = torch.matmul(F.dropout(attn, dropout, self.training), v)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
         out = out.transpose(1, 2).reshape(B, N, C)
         return self.proj_drop(self.proj(out))
 

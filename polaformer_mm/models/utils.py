@@ -10,14 +10,14 @@ from mmcv.cnn import build_activation_layer, build_norm_layer
 from torch import Tensor
 
 from ..ops.blocked_mlp import mlp_gelu
-from ..utils.compat import is_autocast_enabled, is_compiling
+from ..utils.compat import in_graph_capture, is_autocast_enabled
 
 
 def nlc_to_nchw(x: Tensor, hw_shape: Sequence[int]) -> Tensor:
     """Tokens (B, H*W, C) -> map (B, C, H, W)."""
     H, W = hw_shape
     B, N, C = x.shape
-    if N != H * W:
+    if not in_graph_capture() and N != H * W:
         raise ValueError(f'token count {N} does not match the grid {H}x{W}')
     return x.transpose(1, 2).reshape(B, C, H, W)
 
@@ -28,11 +28,12 @@ def nchw_to_nlc(x: Tensor) -> Tensor:
 
 
 def pad_to_multiple(x: Tensor, multiple: int) -> Tensor:
-    """Zero-pad a (B, C, H, W) map on the bottom/right to multiples of ``multiple``."""
+    """Zero-pad a (B, C, H, W) map on the bottom/right to multiples of ``multiple``
+    (under a graph capture always, by amounts the graph computes from the sizes)."""
     H, W = x.shape[-2:]
     pad_h = (-H) % multiple
     pad_w = (-W) % multiple
-    if pad_h or pad_w:
+    if in_graph_capture() or pad_h or pad_w:
         x = F.pad(x, (0, pad_w, 0, pad_h))
     return x
 
@@ -71,21 +72,23 @@ def resize_token_grid(tokens: Tensor, src_hw: Sequence[int], dst_hw: Sequence[in
     Computed as two matrix products with the interpolation matrices of the two axes
     (cached per size), in the token layout: no channels-first copies, and a
     backward pass that is two matrix products too (the CPU backward of
-    ``F.interpolate`` is a slow scatter). Under a jit trace (FLOP counting, export)
-    it is ``F.interpolate`` itself, one traced operator. Returned as they are when
-    the grids agree.
+    ``F.interpolate`` is a slow scatter). Returned as they are when the grids agree.
+    Under a graph capture (FLOP counting, export, ``torch.compile``) it is
+    ``F.interpolate`` itself, one recorded operator, at every call (also where the
+    grids agree at capture time: a captured ``dst_hw`` stands for any size), and no
+    matrix is cached.
     """
     src_hw, dst_hw = tuple(src_hw), tuple(dst_hw)
-    if src_hw == dst_hw:
-        return tokens
     T, N, C = tokens.shape
     (Hs, Ws), (Hd, Wd) = src_hw, dst_hw
-    if N != Hs * Ws:
-        raise ValueError(f'{N} tokens cannot be laid out on a {src_hw} grid')
-    if torch.jit.is_tracing():
+    if in_graph_capture():
         grid = tokens.reshape(T, Hs, Ws, C).permute(0, 3, 1, 2)
         grid = F.interpolate(grid, size=dst_hw, mode=mode, align_corners=False)
         return grid.flatten(2).transpose(1, 2)
+    if src_hw == dst_hw:
+        return tokens
+    if N != Hs * Ws:
+        raise ValueError(f'{N} tokens cannot be laid out on a {src_hw} grid')
     rows = interpolation_matrix(Hs, Hd, mode, tokens.device, tokens.dtype)
     cols = interpolation_matrix(Ws, Wd, mode, tokens.device, tokens.dtype)
     x = torch.matmul(rows, tokens.reshape(T, Hs, Ws * C))  # (T, Hd, Ws*C)
@@ -179,8 +182,7 @@ class Mlp(nn.Module):
     def _blocked(self, x: Tensor) -> bool:
         return (x.device.type == 'cpu' and x.dtype in (torch.float32, torch.float64)
                 and type(self.act) is nn.GELU and not (self.training and self.drop.p > 0)
-                and not is_autocast_enabled('cpu') and not torch.jit.is_tracing()
-                and not torch.jit.is_scripting() and not is_compiling())
+                and not is_autocast_enabled('cpu') and not in_graph_capture())
 
 
 def drop_path_rates(drop_path_rate: float, depths: Sequence[int]) -> List[List[float]]:

@@ -13,7 +13,8 @@ same gradients with two ordinary convolutions instead:
   g[b, c, y, x]``, which is a grouped convolution of the padded input with the output
   gradient as a (H x W) kernel, one group per (batch, channel), summed over the batch.
 
-Elsewhere (CUDA, or when no gradient is needed) it is ``F.conv2d``.
+Elsewhere (CUDA, when no gradient is needed, or under a graph capture: a trace, an ONNX
+export, ``torch.compile``) it is ``F.conv2d``.
 """
 from typing import Optional
 
@@ -21,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..utils.compat import is_autocast_enabled
+from ..utils.compat import in_graph_capture, is_autocast_enabled
 
 __all__ = ['depthwise_conv2d']
 
@@ -69,6 +70,8 @@ def depthwise_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -
     docstring.
     """
     C, k = x.shape[1], weight.shape[-1]
+    if in_graph_capture():
+        return F.conv2d(x, weight, bias, padding=k // 2, groups=C)
     if weight.shape != (C, 1, k, k) or k % 2 == 0:
         raise ValueError(f'depthwise_conv2d expects a ({C}, 1, k, k) weight with odd k '
                          f'for {C} channels; got {tuple(weight.shape)}')

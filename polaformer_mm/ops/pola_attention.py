@@ -26,7 +26,13 @@ the rest) the output of query i is
   a :class:`torch.autograd.Function` that keeps only q, k, v, ``power``, ``W`` and one
   number per (batch, head) for the backward pass, and recomputes the polarity features
   there. On CUDA with Triton installed a fused kernel does the same
-  (:mod:`polaformer_mm.ops.pola_attention_triton`); ``backend`` chooses.
+  (:mod:`polaformer_mm.ops.pola_attention_triton`); ``backend`` chooses. Under a graph
+  capture (a jit trace, an ONNX export with either exporter, ``torch.compile`` or
+  ``torch.export``) the torch path takes a plain tensor formulation of the same
+  computation instead (the same features, shifts and scaled ``eps``; out-of-place
+  operations, no autograd Function, no blocks), which the captured graph records whole
+  for any token count; a trace or an export takes it on CUDA too, in place of the
+  Triton kernel.
 * :func:`pola_linear_attention_naive`: the order of operations of the official code
   (``relu(x) ** p`` and ``relu(-x) ** p`` separately, each stream its own ``K^T v`` and
   normaliser, autograd through all of it). Benchmarks compare against it.
@@ -64,7 +70,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from ..utils.compat import is_autocast_enabled
+from ..utils.compat import in_graph_capture, is_autocast_enabled, is_compiling
 
 __all__ = [
     'pola_linear_attention', 'pola_linear_attention_reference', 'pola_linear_attention_naive',
@@ -532,6 +538,59 @@ def _torch_path(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: float, ep
     return _PolaAttentionFunction.apply(q, k, v, power, alpha, eps, scale)
 
 
+def _plain_features(x: Tensor, p: Tensor, log_scale: Optional[Tensor],
+                    per_row: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """:func:`_scaled_features` in out-of-place operations: ``(x+, x-, M)``."""
+    scaled = torch.log(torch.abs(x).clamp_min(torch.finfo(x.dtype).tiny))
+    if log_scale is not None:
+        scaled = scaled - log_scale
+    scaled = scaled * p
+    # max over dims, one at a time (ReduceMax of every ONNX opset)
+    shift = scaled.max(dim=-1, keepdim=True)[0]
+    if not per_row:
+        shift = shift.max(dim=-2, keepdim=True)[0]
+    shift = shift.clamp_min(0)
+    signed = torch.exp((scaled - shift).clamp_min(_exp_floor(x.dtype))) * torch.sign(x)
+    return torch.relu(signed), torch.relu(-signed), shift
+
+
+def _plain_path(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: float, eps: EpsType,
+                scale: Optional[Tensor]) -> Tensor:
+    """The torch path's computation (the same features, shifts, floors and scaled eps)
+    in plain out-of-place tensor operations, for graph captures (jit trace, ONNX
+    export, ``torch.compile``, ``torch.export``): no autograd Function, no blocks, no
+    in-place writes and no Python use of sizes, so a captured graph records every
+    step and serves any token count. Autograd differentiates it as it stands.
+
+    With ``K = [k+, k-]`` and ``Q = [q+, q-]`` (features scaled as in the torch path),
+    stream c (its value channels ``v_c``) is ``Q W_c`` with ``W_c = [K^T v_c / n,
+    mean(K)]``, the rows of k+ and k- swapped for the opposite stream; the last column
+    is the denominator. The same matrix products as the torch path's (``K^T v`` and
+    ``Q W``), which FLOP counters of a trace count as the op's.
+    """
+    if isinstance(eps, Tensor):
+        eps = eps.to(q.dtype)
+    p = pola_exponent(power, alpha)
+    log_scale = None if scale is None else torch.log(scale)
+    q_pos, q_neg, shift_q = _plain_features(q, p, log_scale, per_row=True)
+    k_pos, k_neg, shift_k = _plain_features(k, p, log_scale, per_row=False)
+    queries = torch.cat([q_pos, q_neg], dim=-1)  # (B, h, N, 2d)
+    keys_t = torch.cat([k_pos, k_neg], dim=-1).transpose(-2, -1)  # (B, h, 2d, n)
+    k_mean = keys_t.mean(dim=-1, keepdim=True)
+    inv_n = 1. / k.shape[-2]
+    eps_scaled = torch.exp((-(shift_q + shift_k)).clamp_min(_exp_floor(q.dtype)))
+    eps_scaled = (eps_scaled * eps).clamp_min(torch.finfo(q.dtype).tiny)
+    outs = []
+    # torch.chunk(v, 2, -1): v1 the first ceil(d/2) channels, v2 the rest (none at d == 1)
+    for i, values in enumerate(torch.chunk(v, 2, dim=-1)):
+        summary = torch.cat([torch.matmul(keys_t, values) * inv_n, k_mean], dim=-1)
+        if i == 1:  # opposite signs: q+ meets k-, q- meets k+
+            summary = torch.cat(summary.chunk(2, dim=-2)[::-1], dim=-2)
+        full = torch.matmul(queries, summary)  # numerators, then the denominator
+        outs.append(full[..., :-1] * torch.reciprocal(full[..., -1:] + eps_scaled))
+    return torch.cat(outs, dim=-1)
+
+
 def _resolve_backend(backend: Optional[str], q: Tensor, k: Tensor, v: Tensor) -> str:
     backend = _default_backend if backend is None else backend
     if backend not in BACKENDS:
@@ -608,6 +667,10 @@ def pola_linear_attention(q: Tensor,
         raise ValueError(f'scale shape {tuple(scale.shape)} must be that of power '
                          f'{tuple(power.shape)}')
     backend = _resolve_backend(backend, q, k, v)
+    capture = in_graph_capture()
+    if capture and not is_compiling():
+        backend = 'torch'  # a trace or an export records the plain formulation
+    path = _plain_path if capture else _torch_path
     if backend == 'triton':
         from . import pola_attention_triton
         if scale is not None:
@@ -616,10 +679,10 @@ def pola_linear_attention(q: Tensor,
     low_precision = (torch.float16, torch.bfloat16)
     if q.dtype in low_precision or is_autocast_enabled(q.device.type):
         with torch.autocast(q.device.type, enabled=False):
-            out = _torch_path(q.float(), k.float(), v.float(), power.float(), alpha, eps,
-                              None if scale is None else scale.float())
+            out = path(q.float(), k.float(), v.float(), power.float(), alpha, eps,
+                       None if scale is None else scale.float())
         return out.to(q.dtype)
-    return _torch_path(q, k, v, power, alpha, eps, scale)
+    return path(q, k, v, power, alpha, eps, scale)
 
 
 # --------------------------------------------------------------------------------------

@@ -7,6 +7,12 @@ difference is decided here, once, and the rest of the package calls these functi
 * :func:`is_autocast_enabled` -- ``torch.is_autocast_enabled(device_type)`` is torch 2.4+;
   older torch has one function per device type.
 * :func:`is_compiling` -- ``torch.compiler.is_compiling`` is torch 2.3+.
+* :func:`in_graph_capture` -- whether a trace, an ONNX export, ``torch.compile`` or
+  ``torch.export`` records the code (``torch.compiler.is_exporting`` is torch 2.5+).
+* :data:`TORCHSCRIPT_ONNX_EXPORT` -- the keyword arguments that make ``torch.onnx.export``
+  use the TorchScript exporter: ``dynamo=False`` where the function takes ``dynamo``
+  (torch 2.5+; torch 2.9+ defaults to the dynamo exporter), none on older torch, whose
+  only exporter it is.
 * :data:`NATIVE_ALLOWLIST` -- torch 2.6+ takes an allowlist with ``(object, name)`` entries
   in ``torch.serialization.safe_globals``; on older torch
   :mod:`polaformer_mm.utils.checkpoint_io` reads checkpoints with its own restricted
@@ -17,6 +23,7 @@ difference is decided here, once, and the rest of the package calls these functi
 
 Only torch and numpy are imported here (Triton lazily, by :func:`triton_status`).
 """
+import inspect
 import re
 from typing import NamedTuple, Optional, Tuple
 
@@ -25,7 +32,8 @@ import torch
 
 __all__ = [
     'TORCH_VERSION', 'NATIVE_ALLOWLIST', 'NUMPY_MULTIARRAY', 'MIN_TRITON', 'TritonStatus',
-    'is_autocast_enabled', 'is_compiling', 'triton_status', 'version_tuple'
+    'TORCHSCRIPT_ONNX_EXPORT', 'is_autocast_enabled', 'is_compiling', 'in_graph_capture',
+    'triton_status', 'version_tuple'
 ]
 
 
@@ -79,6 +87,25 @@ else:  # torch < 2.3
         """Whether the code runs under ``torch.compile``'s tracing (dynamo)."""
         return torch._dynamo.is_compiling()
 
+
+_is_exporting = getattr(getattr(torch, 'compiler', None), 'is_exporting', None)
+
+
+def in_graph_capture() -> bool:
+    """Whether the running code is being recorded into a graph rather than run: a
+    ``torch.jit`` trace or script, an ONNX export (either exporter), ``torch.compile``
+    or ``torch.export``. Code that keeps Python caches keyed by sizes, or that takes
+    eager-only fast paths (autograd Functions, in-place blocks), takes its plain
+    tensor formulation then."""
+    return bool(torch.jit.is_tracing() or torch.jit.is_scripting()
+                or torch.onnx.is_in_onnx_export() or is_compiling()
+                or (_is_exporting is not None and _is_exporting()))
+
+
+#: Keyword arguments of ``torch.onnx.export`` that select the TorchScript exporter.
+TORCHSCRIPT_ONNX_EXPORT = ({
+    'dynamo': False
+} if 'dynamo' in inspect.signature(torch.onnx.export).parameters else {})
 
 #: Oldest Triton the fused kernels run with.
 MIN_TRITON = (3, 0)

@@ -64,7 +64,8 @@ ELEMENTWISE_OPS = {
                  '__and__ lt le bitwise_or im2col col2im pad unflatten clone '
                  'log_softmax tanh hardtanh erf lift_fresh any all argmax '
                  'feature_dropout max_pool2d avg_pool2d sort topk repeat index_select '
-                 'masked_fill masked_fill_').split()
+                 'masked_fill masked_fill_ log clamp_min sign relu max remainder arange '
+                 'minimum gt ge eq floor_divide').split()
 }
 
 
@@ -97,11 +98,28 @@ def pola_attention_flop_jit(inputs, outputs):
     return count * (2 * d * n * d + N * 2 * d * (d + 2))
 
 
+def resize_flop_counter(per_element: int):
+    """mmengine's per-output-element counter of a resize, 0 when the resize keeps the
+    size (a trace records the resizes of positional encodings also where the grids
+    agree: an identity then, which eager code skips)."""
+    count = elementwise_flop_counter(0, per_element)
+
+    def handle(inputs, outputs):
+        if get_shape(inputs[0])[2:] == get_shape(outputs[0])[2:]:
+            return 0
+        return count(inputs, outputs)
+
+    return handle
+
+
+#: Counters that replace mmengine's own.
+OVERRIDDEN_FLOP_OPS = {'aten::upsample_bilinear2d': resize_flop_counter(4)}
+
 EXTRA_FLOP_OPS = {
     'prim::PythonOp._PolaAttentionFunction': pola_attention_flop_jit,
     'aten::scaled_dot_product_attention': sdpa_flop_jit,
     'aten::baddbmm': baddbmm_flop_jit,
-    'aten::upsample_bicubic2d': elementwise_flop_counter(0, 16),
+    'aten::upsample_bicubic2d': resize_flop_counter(16),
     # values stretched to the query length for the local conv when keys are reduced
     'aten::upsample_linear1d': elementwise_flop_counter(0, 2),
 }
@@ -109,10 +127,12 @@ EXTRA_FLOP_OPS = {
 
 def register_extra_flop_ops() -> None:
     """Add our counters to the table every mmengine FlopAnalyzer starts from (which
-    get_model_complexity_info builds internally); existing entries are kept."""
+    get_model_complexity_info builds internally); existing entries are kept, but for
+    those of ``OVERRIDDEN_FLOP_OPS``."""
     table = complexity_analysis._DEFAULT_SUPPORTED_FLOP_OPS
     for name, handle in EXTRA_FLOP_OPS.items():
         table.setdefault(name, handle)
+    table.update(OVERRIDDEN_FLOP_OPS)
 
 
 class _UnsupportedOps(logging.Handler):

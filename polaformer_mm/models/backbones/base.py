@@ -10,6 +10,7 @@ from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from ...utils.compat import in_graph_capture
 from ..utils import nlc_to_nchw
 
 
@@ -153,11 +154,14 @@ class PolaBackboneBase(BaseModule):
         if x.dim() != 4:
             raise ValueError(f'{name} expects (B, C, H, W) images, '
                              f'got {tuple(x.shape)}')
-        if 0 in x.shape:
+        # the size checks are Python branches on sizes: not recorded by a graph capture
+        # (a trace sees sizes as tensors), which leaves them to the runtime
+        capture = in_graph_capture()
+        if not capture and 0 in x.shape:
             raise ValueError(f'{name} got an empty batch or image: input shape '
                              f'{tuple(x.shape)}')
         in_channels = self._in_channels()
-        if x.shape[1] != in_channels:
+        if not capture and x.shape[1] != in_channels:
             raise ValueError(f'{name} expects {in_channels} input channels '
                              f'(in_channels), got images of shape {tuple(x.shape)}')
         outs = []

@@ -14,6 +14,7 @@ from mmengine.registry import MODELS
 from mmengine.utils import to_2tuple
 from torch import Tensor
 
+from ...utils.compat import in_graph_capture
 from ..attention import PolaLinearAttention, StagePositionalEncodings, WindowMSA
 from ..utils import Mlp, PatchEmbed, drop_path_rates, run_blocks
 from .base import PolaBackboneBase, check_positive_int, check_probability, check_stage_list
@@ -36,7 +37,9 @@ def window_reverse(windows: torch.Tensor, window_size: int, Hp: int, Wp: int) ->
 
 
 def _padded_size(size: int, window_size: int) -> int:
-    return -(-size // window_size) * window_size
+    # not -(-size // w): the TorchScript exporter writes an integer floor division as
+    # ONNX Div, which truncates negative quotients
+    return (size + window_size - 1) // window_size * window_size
 
 
 def _window_shift(hw_shape: Sequence[int], window_size: int, shifted: bool) -> int:
@@ -121,6 +124,50 @@ def _window_padding(H: int, W: int, window_size: int, shift: int, device: torch.
     if (_padded_size(H, window_size), _padded_size(W, window_size)) == (H, W):
         return None
     return (_window_regions(H, W, window_size, shift) < 0).to(device)
+
+
+def _captured_window_layout(H, W, window_size: int, shifted: bool, device: torch.device):
+    """What :func:`_window_gather` and :func:`_window_regions` give, as tensor
+    operations on the sizes for a graph capture (a jit trace passes H and W as 0-dim
+    tensors): the same indices, with the shift decided by the graph, so that one
+    captured graph serves any map size. Never cached.
+
+    Returns ``(to_windows, from_windows, regions)``: the gather indices of
+    :func:`_window_gather` and the region ids (nW, T) of :func:`_window_regions`
+    (all 0 without shift; -1 at padding), never None.
+    """
+    ws = window_size
+    Hp, Wp = _padded_size(H, ws), _padded_size(W, ws)
+    if not shifted:
+        shift = 0
+    elif isinstance(H, Tensor):
+        shift = (torch.minimum(H, W) > ws).long() * (ws // 2)
+    else:
+        shift = _window_shift((H, W), ws, shifted)
+    # row / column of the padded map at every position of the map rolled by -shift
+    rows = (torch.arange(Hp, device=device) + shift) % Hp
+    cols = (torch.arange(Wp, device=device) + shift) % Wp
+
+    def windows(grid: Tensor) -> Tensor:  # (Hp, Wp) in rolled positions -> (nW, T)
+        return grid.reshape(-1, ws, Wp // ws, ws).transpose(1, 2).reshape(-1, ws * ws)
+
+    to_windows = windows(rows[:, None] * Wp + cols[None, :]).reshape(-1)
+    # rolled position of every real token, then its place among the window tokens
+    i = (torch.arange(H, device=device) + (Hp - shift)) % Hp
+    j = (torch.arange(W, device=device) + (Wp - shift)) % Wp
+    window = (i // ws)[:, None] * (Wp // ws) + (j // ws)[None, :]
+    from_windows = (window * (ws * ws) + ((i % ws) * ws)[:, None] + (j % ws)[None, :]).reshape(-1)
+
+    def region(pos: Tensor, size) -> Tensor:  # shift regions 0 | 1 | 2 along one axis
+        ids = (pos >= size - ws).long() + (pos >= size - shift).long()
+        if isinstance(shift, Tensor):
+            return ids * (shift > 0).long()
+        return ids if shift else torch.zeros_like(ids)
+
+    ids = region(torch.arange(Hp, device=device), Hp)[:, None] * 3 + region(
+        torch.arange(Wp, device=device), Wp)[None, :]
+    padded = (rows >= H)[:, None] | (cols >= W)[None, :]
+    return to_windows, from_windows, windows(ids.masked_fill(padded, -1))
 
 
 class SwinBlock(BaseModule):
@@ -212,7 +259,9 @@ class SwinBlock(BaseModule):
         self.mlp = Mlp(embed_dims, int(embed_dims * mlp_ratio), drop=drop_rate, act_cfg=act_cfg)
 
     def _window_attention(self, x: Tensor, hw_shape: Sequence[int]) -> Tensor:
-        # plain ints (a jit trace passes sizes as tensors): keys of the cached layouts
+        if in_graph_capture():
+            return self._captured_window_attention(x, hw_shape)
+        # plain ints: keys of the cached layouts
         H, W = (int(s) for s in hw_shape)
         B, N, C = x.shape
         ws = self.window_size
@@ -232,6 +281,29 @@ class SwinBlock(BaseModule):
             if mask is not None:
                 mask = mask.to(x.dtype)
             windows = self.attn(windows, mask)
+        return windows.view(B, -1, C).index_select(1, from_windows)
+
+    def _captured_window_attention(self, x: Tensor, hw_shape: Sequence[int]) -> Tensor:
+        """:meth:`_window_attention` for a graph capture: the layouts of
+        :func:`_captured_window_layout`, the map always padded (possibly by 0) and the
+        padding / shift masks always applied (all-real windows: no key is dropped, an
+        all-zero softmax mask), so that the graph holds no decision on the sizes it
+        was captured at."""
+        H, W = hw_shape
+        B, N, C = x.shape
+        ws = self.window_size
+        to_windows, from_windows, regions = _captured_window_layout(H, W, ws, self.shifted,
+                                                                    x.device)
+        Hp, Wp = _padded_size(H, ws), _padded_size(W, ws)
+        x = F.pad(x.view(B, H, W, C), (0, 0, 0, Wp - W, 0, Hp - H))
+        windows = x.reshape(B, -1, C).index_select(1, to_windows).view(-1, ws * ws, C)
+        if self.uses_pola:
+            padding = (regions < 0).repeat(B, 1)
+            windows = self.attn(windows, (ws, ws), padding_mask=padding)
+        else:
+            differ = regions[:, :, None] != regions[:, None, :]
+            zeros = torch.zeros(differ.shape, dtype=x.dtype, device=x.device)
+            windows = self.attn(windows, zeros.masked_fill(differ, float('-inf')))
         return windows.view(B, -1, C).index_select(1, from_windows)
 
     def forward(self,
@@ -277,7 +349,7 @@ class PatchMerging(BaseModule):
         H, W = hw_shape
         B, N, C = x.shape
         x = x.view(B, H, W, C)
-        if H % 2 or W % 2:
+        if in_graph_capture() or H % 2 or W % 2:
             x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))
         x = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]],
                       dim=-1)
