@@ -77,7 +77,7 @@ class ResumableStateHook(Hook):
         elif self._gathered is not None and self._gathered[0] == runner.epoch:
             checkpoint['rng_states'] = self._gathered[1]
         self._gathered = None
-        for key in ('meta', 'message_hub'):
+        for key in ('meta', 'message_hub', 'param_schedulers'):
             if key in checkpoint:
                 checkpoint[key] = to_weights_only_safe(checkpoint[key])
 

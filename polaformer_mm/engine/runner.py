@@ -38,7 +38,7 @@ from ..utils.checkpoint_io import CheckpointError, atomic_write, load_checkpoint
 from ..utils.mmcv_ops import check_mmcv_cuda_ops
 from .checkpoint_fit import check_checkpoint_fits, checkpoint_state_dict, describe_mismatch
 from .hooks import PolaCheckpointHook, ResumableStateHook
-from .runner_state import restore_runner_state
+from .runner_state import restore_runner_state, restore_scheduler_state
 
 _RESUME_KEYS = ('meta', 'state_dict', 'message_hub')
 
@@ -202,6 +202,8 @@ class PolaRunner(Runner):
             self._require_resumable(checkpoint, filename)
         if 'message_hub' in checkpoint:
             checkpoint['message_hub'] = restore_runner_state(checkpoint['message_hub'])
+        if 'param_schedulers' in checkpoint:
+            checkpoint['param_schedulers'] = restore_scheduler_state(checkpoint['param_schedulers'])
         self.call_hook('after_load_checkpoint', checkpoint=checkpoint)
         model = self.model.module if is_model_wrapper(self.model) else self.model
 

@@ -12,7 +12,7 @@ Instead of switching the safety off, the project
   inert stand-ins); :func:`restore_runner_state` turns both encodings back into real
   ``HistoryBuffer`` objects so the message hub resumes.
 """
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 
 import numpy as np
 import torch
@@ -35,7 +35,10 @@ def _encode_buffer(buf: HistoryBuffer) -> dict:
 
 def to_weights_only_safe(obj):
     """Return ``obj`` with history buffers, numpy scalars and arrays replaced by
-    weights-only loadable equivalents (containers keep their types)."""
+    weights-only loadable equivalents (containers keep their types, but a
+    ``collections.Counter``, e.g. a multi-step scheduler's ``milestones``, which torch <
+    2.6's weights-only loading refuses, becomes a plain dict:
+    :func:`restore_scheduler_state` turns it back)."""
     if isinstance(obj, HistoryBuffer):
         return _encode_buffer(obj)
     if isinstance(obj, np.generic):
@@ -64,6 +67,21 @@ def _decode_buffer(state: dict) -> HistoryBuffer:
     log = log.numpy() if torch.is_tensor(log) else np.asarray(log)
     count = count.numpy() if torch.is_tensor(count) else np.asarray(count)
     return HistoryBuffer(list(log), list(count), int(max_length))
+
+
+def restore_scheduler_state(states):
+    """Give the ``milestones`` of saved parameter-scheduler states (a list of dicts, or
+    lists of them per optimizer) back their type, ``collections.Counter``
+    (:func:`to_weights_only_safe` saved them as plain dicts); in place."""
+    if isinstance(states, dict):
+        for name, state in states.items():  # one list per optimizer
+            states[name] = restore_scheduler_state(state)
+        return states
+    for state in states if isinstance(states, list) else []:
+        if isinstance(state, dict) and isinstance(state.get('milestones'), dict) and \
+                not isinstance(state['milestones'], Counter):
+            state['milestones'] = Counter(state['milestones'])
+    return states
 
 
 def restore_runner_state(obj):

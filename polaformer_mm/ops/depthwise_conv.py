@@ -71,6 +71,9 @@ def depthwise_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -
     """
     C, k = x.shape[1], weight.shape[-1]
     if in_graph_capture():
+        # the weight's sizes are constants of the graph; older torch traces them as
+        # tensors, which conv2d's padding and groups do not take
+        k, C = int(weight.shape[-1]), int(weight.shape[0])
         return F.conv2d(x, weight, bias, padding=k // 2, groups=C)
     if weight.shape != (C, 1, k, k) or k % 2 == 0:
         raise ValueError(f'depthwise_conv2d expects a ({C}, 1, k, k) weight with odd k '

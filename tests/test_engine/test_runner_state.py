@@ -82,3 +82,43 @@ def test_allowlist_is_scoped():
     f.seek(0)
     with pytest.raises(pickle.UnpicklingError):
         torch.load(f, weights_only=True)
+
+
+def test_multistep_scheduler_state_loads_weights_only_and_resumes_the_same():
+    """A multi-step schedule keeps its milestones in a collections.Counter, which torch <
+    2.6's weights-only loading refuses: saved as a plain dict, restored as a Counter, the
+    restored scheduler gives the same learning rates."""
+    from collections import Counter
+
+    from mmengine.optim import MultiStepLR
+
+    from polaformer_mm.engine.runner_state import restore_scheduler_state
+
+    def make():
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
+        return opt, MultiStepLR(opt, milestones=[2, 4], gamma=0.1, by_epoch=False)
+
+    opt, sched = make()
+    for _ in range(3):
+        opt.step()
+        sched.step()
+    saved = to_weights_only_safe([sched.state_dict()])
+    assert type(saved[0]['milestones']) is dict
+    f = _save({'param_schedulers': saved})
+    loaded = torch.load(f, weights_only=True)['param_schedulers']
+    restored = restore_scheduler_state(loaded)
+    assert type(restored[0]['milestones']) is Counter
+    opt2, sched2 = make()
+    opt2.load_state_dict(opt.state_dict())  # a resume restores both
+    sched2.load_state_dict(restored[0])
+    lrs = []
+    for o, s in ((opt, sched), (opt2, sched2)):
+        run = []
+        for _ in range(3):
+            o.step()
+            s.step()
+            run.append(o.param_groups[0]['lr'])
+        lrs.append(run)
+    assert lrs[0] == lrs[1] and lrs[0][0] == pytest.approx(0.001)
+    # one list per optimizer (several optimizers) is restored too
+    assert type(restore_scheduler_state({'a': saved})['a'][0]['milestones']) is Counter
