@@ -81,4 +81,7 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    main()
+    try:
+        main()
+    except entry.USER_ERRORS as err:  # a named problem of the input, without a traceback
+        sys.exit(f'test.py: error: {err}')

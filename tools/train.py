@@ -95,3 +95,5 @@ if __name__ == '__main__':
         main()
     except DatasetCheckError as err:  # the report, without a traceback
         sys.exit(str(err))
+    except entry.USER_ERRORS as err:  # a named problem of the input, without a traceback
+        sys.exit(f'train.py: error: {err}')
