@@ -6,7 +6,8 @@
                                  [--cfg-options k=v ...] [--launcher {none,pytorch,slurm,mpi}]
 
 Before anything is built the config's datasets are checked (tools/misc/check_dataset.py);
-problems that would stop training end the run with that report.
+problems that would stop training end the run with that report. A work dir belongs to one
+live run: a second run on it stops at once, naming the first (docs/notes/reliability.md).
 
 Multi-process: tools/dist_train.sh CONFIG NPROC (torchrun; works on CPUs with gloo).
 """

@@ -74,6 +74,7 @@ class PolaRunner(Runner):
         self._resuming = False
         self._allow_partial_load = allow_partial_load
         self._work_dir_lock = None
+        self._in_locked_run = False
         super().__init__(*args, **kwargs)
         previous = self._work_dir_lock.previous if self._work_dir_lock else None
         if previous:
@@ -113,11 +114,15 @@ class PolaRunner(Runner):
             lock.release()
 
     def _locked_run(self, run):
+        outermost = not self._in_locked_run  # e.g. a hook calling val() inside train()
         self._lock_work_dir()
+        self._in_locked_run = True
         try:
             return run()
         finally:
-            self._unlock_work_dir()
+            if outermost:
+                self._in_locked_run = False
+                self._unlock_work_dir()
 
     def train(self):
         """mmengine's ``train()``, holding the work dir's lock (released at the end)."""
