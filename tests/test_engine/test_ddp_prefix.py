@@ -1,10 +1,8 @@
 """Checkpoints saved from a DDP-wrapped model (every key ``module.*``) load wherever a
 checkpoint is read, as mmengine's loader takes them: ``init_cfg`` Pretrained,
-``load_from`` / tools/test.py's checkpoint and the converter (the demo:
-tests/test_tools/test_image_demo.py)."""
+``load_from`` / tools/test.py's checkpoint (the converter:
+tests/test_tools/test_official2mm.py; the demo: tests/test_tools/test_image_demo.py)."""
 import os.path as osp
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -13,8 +11,6 @@ from mmengine.registry import init_default_scope
 from polaformer_mm.engine import entry
 from .._ddp import ddp_state_dict
 from .._smoke import smoke_config, synthetic_root
-from ..test_models._golden import build_classifier, load_golden
-from ..test_models._official_files import save_official
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DET = osp.join(REPO, 'configs/quickstart/mask-rcnn_pola-pvt-nano_fpn_synthetic.py')
@@ -60,26 +56,3 @@ def test_test_checkpoint_and_load_from_read_a_ddp_saved_file(tmp_path):
     assert runner.test() is not None
     want, got = detector.state_dict(), runner.model.state_dict()
     assert all(torch.equal(want[k], got[k]) for k in want)
-
-
-def test_converter_reads_an_official_file_saved_from_ddp(golden_dir, tmp_path):
-    data = load_golden(golden_dir, 'pola_pvt_micro_LLLL.pt')
-    src = save_official(tmp_path / 'official_ddp.pth', {
-        f'module.{k}': v
-        for k, v in data['state_dict'].items()
-    })
-    dst = tmp_path / 'converted.pth'
-    proc = subprocess.run([
-        sys.executable,
-        osp.join(REPO, 'tools/model_converters/official2mm.py'),
-        str(src),
-        str(dst)
-    ],
-                          capture_output=True,
-                          text=True)
-    assert proc.returncode == 0, proc.stderr
-    model = build_classifier(data)
-    model.load_state_dict(torch.load(dst, weights_only=True)['state_dict'], strict=True)
-    with torch.no_grad():
-        logits = model.eval()(data['input'], mode='tensor')
-    torch.testing.assert_close(logits, data['logits'], rtol=0, atol=1e-4)

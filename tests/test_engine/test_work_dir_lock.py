@@ -6,17 +6,15 @@ import os.path as osp
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
 import torch
 
 from polaformer_mm.engine.work_dir_lock import LOCK_FILE, WorkDirLockedError, lock_work_dir
-from .._smoke import synthetic_root
+from .._smoke import synthetic_root, two_epoch_det_config
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-DET = osp.join(REPO, 'configs/quickstart/mask-rcnn_pola-pvt-nano_fpn_synthetic.py')
 
 PAUSE_HOOK = '''
 """Holds a training after the checkpoint of its first epoch until $POLA_GO exists."""
@@ -37,20 +35,6 @@ class PauseAfterFirstEpochHook(Hook):
             open(marker, 'w').close()
             while not os.path.exists(os.environ['POLA_GO']):
                 time.sleep(0.1)
-'''
-
-CONFIG = '''
-_base_ = [{det!r}]
-custom_imports = dict(imports=['polaformer_mm', 'pause_hook'], allow_failed_imports=False)
-data_root = {root!r}
-train_dataloader = dict(batch_size=2, dataset=dict(data_root=data_root, indices=2))
-val_dataloader = dict(batch_size=1, dataset=dict(data_root=data_root, indices=1))
-test_dataloader = val_dataloader
-val_evaluator = dict(ann_file=data_root + 'annotations/instances_val.json')
-test_evaluator = val_evaluator
-train_cfg = dict(max_epochs=2, val_interval=100)
-default_hooks = dict(logger=dict(interval=1), checkpoint=dict(interval=1))
-custom_hooks = [dict(type='PauseAfterFirstEpochHook')]
 '''
 
 
@@ -77,7 +61,11 @@ def _train(cfg, work_dir, tmp_path, *extra, env=None, wait=True):
 def test_second_run_is_refused_and_a_killed_runs_lock_is_stale(tmp_path):
     (tmp_path / 'pause_hook.py').write_text(PAUSE_HOOK)
     cfg = tmp_path / 'det.py'
-    cfg.write_text(textwrap.dedent(CONFIG.format(det=DET, root=synthetic_root(tmp_path))))
+    cfg.write_text(
+        two_epoch_det_config(
+            synthetic_root(tmp_path),
+            'pause_hook',
+            extra="custom_hooks = [dict(type='PauseAfterFirstEpochHook')]\n"))
     work_dir = tmp_path / 'wd'
     paused, go = tmp_path / 'paused', tmp_path / 'go'
 
