@@ -205,3 +205,21 @@ def test_an_image_the_pipeline_cannot_resize_is_named(tmp_path):
     assert 'a side below one pixel' in last and '1000:1' in last
     with pytest.raises(demo.DemoInputError, match=r'is 10x10000 pixels .* a side below one'):
         demo.main([str(tall), config, '--device', 'cpu', '--out-dir', str(tmp_path / 'o')])
+
+
+def test_a_resize_the_check_does_not_know_fails_with_a_named_error(tmp_path):
+    """A ``scale_factor`` Resize is not computed ahead; cv2's failure is named all the same."""
+    config = tmp_path / 'tiny_scale.py'
+    config.write_text(f"_base_ = [{_quickstart_config('mmdet')!r}]\n"
+                      "test_dataloader = dict(dataset=dict(pipeline=[\n"
+                      "    dict(type='LoadImageFromFile'),\n"
+                      "    dict(type='Resize', scale_factor=0.0001, keep_ratio=False),\n"
+                      "    dict(type='PackDetInputs', meta_keys=('img_id', 'img_path', "
+                      "'ori_shape', 'img_shape', 'scale_factor'))]))\n")
+    image = mmcv.imread(IMAGE)
+    with pytest.raises(demo.DemoInputError) as info:
+        demo.main([IMAGE, str(config), '--device', 'cpu', '--out-dir', str(tmp_path / 'o')])
+    assert str(info.value).startswith(
+        f'the test pipeline failed on image {IMAGE} ({image.shape[1]}x{image.shape[0]} '
+        'pixels, W x H): ')
+    assert '\n' not in str(info.value)

@@ -44,6 +44,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 # polaformer_mm before anything that imports torchvision: keep this order
 # isort: off
 import polaformer_mm  # noqa: E402,F401  (registers the backbones; before torchvision)
+import cv2  # noqa: E402
 import mmcv  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -154,25 +155,19 @@ class _MetaFromConfig:
 
 
 def _resize_size(transform: dict, size):
-    """(w, h) after a ``Resize`` transform of mmcv / mmdet / mmseg; None for others."""
-    if str(transform.get('type', '')).split('.')[-1] != 'Resize':
+    """(w, h) after a ``Resize`` transform (mmcv / mmdet / mmseg) with a ``scale``; None
+    for other transforms."""
+    if str(transform.get('type', '')).split('.')[-1] != 'Resize' or \
+            transform.get('scale') is None:
         return None
-    scale, factor = transform.get('scale'), transform.get('scale_factor')
-    keep_ratio = transform.get('keep_ratio', False)
-    if scale is not None:
-        scale = (scale, scale) if isinstance(scale, int) else tuple(scale)
-        return mmcv.rescale_size(size, scale) if keep_ratio else scale
-    if factor is not None:
-        if keep_ratio or isinstance(factor, (int, float)):
-            return mmcv.rescale_size(size, factor if isinstance(factor,
-                                                                (int, float)) else max(factor))
-        return int(size[0] * factor[0] + 0.5), int(size[1] * factor[1] + 0.5)
-    return None
+    scale = transform['scale']
+    scale = (scale, scale) if isinstance(scale, int) else tuple(scale)
+    return mmcv.rescale_size(size, scale) if transform.get('keep_ratio', False) else scale
 
 
 def check_image_fits_pipeline(cfg: Config, image_shape, image_path: str) -> None:
-    """A :class:`DemoInputError` naming both sizes when a ``Resize`` of the config's test pipeline
-    would shrink a side of the image below one pixel (cv2 would fail with
+    """A :class:`DemoInputError` naming both sizes when a ``Resize`` of the config's test
+    pipeline would shrink a side of the image below one pixel (cv2 would fail with
     ``inv_scale_x > 0``)."""
     size = (int(image_shape[1]), int(image_shape[0]))  # (w, h), as the transforms take it
     for transform in cfg.test_dataloader.dataset.pipeline:
@@ -180,10 +175,7 @@ def check_image_fits_pipeline(cfg: Config, image_shape, image_path: str) -> None
         if new is None:
             continue
         if min(new) < 1:
-            args = {
-                k: transform[k]
-                for k in ('scale', 'scale_factor', 'keep_ratio') if k in transform
-            }
+            args = {k: transform[k] for k in ('scale', 'keep_ratio') if k in transform}
             raise DemoInputError(
                 f'image {image_path} is {size[0]}x{size[1]} pixels (W x H): the test '
                 f'pipeline\'s Resize({", ".join(f"{k}={v}" for k, v in args.items())}) '
@@ -270,7 +262,13 @@ def main(argv: Optional[List[str]] = None) -> dict:
     call_args = dict(return_vis=True)  # nothing saved by the inferencer itself
     if scope == 'mmdet':
         call_args.update(no_save_vis=True, no_save_pred=True, pred_score_thr=args.score_thr)
-    results = inferencer(args.image, **call_args)
+    try:
+        results = inferencer(args.image, **call_args)
+    except cv2.error as err:  # a transform check_image_fits_pipeline does not know
+        detail = str(err).strip().splitlines()[-1]
+        raise DemoInputError(f'the test pipeline failed on image {args.image} '
+                             f'({image.shape[1]}x{image.shape[0]} pixels, W x H): '
+                             f'{detail}') from None
     prediction, drawn = results['predictions'], results['visualization']
     if scope == 'mmdet':  # lists, one per image; MMSegInferencer unwraps a single image
         prediction, drawn = prediction[0], drawn[0]
