@@ -240,3 +240,27 @@ def smoke_cfg_options(config_path, data_root, iters=1):
     for k in _RUNTIME_KEYS:
         out.pop(k, None)
     return [f'{k}={_cli_value(v)}' for k, v in out.items()]
+
+
+QUICKSTART_DET = osp.join(
+    osp.dirname(osp.dirname(osp.abspath(__file__))),
+    'configs/quickstart/mask-rcnn_pola-pvt-nano_fpn_synthetic.py')
+
+
+def two_epoch_det_config(data_root, module, checkpoint='dict(interval=1)', extra=''):
+    """Text of a config file: the quickstart Mask R-CNN for two epochs of one iteration on
+    the synthetic data, a checkpoint every epoch, importing the test's own ``module``
+    (through ``custom_imports``), with ``extra`` lines at the end."""
+    return (f"_base_ = [{QUICKSTART_DET!r}]\n"
+            f"custom_imports = dict(imports=['polaformer_mm', {module!r}], "
+            'allow_failed_imports=False)\n'
+            f'data_root = {data_root!r}\n'
+            'train_dataloader = dict(batch_size=2, dataset=dict(data_root=data_root, '
+            'indices=2))\n'
+            'val_dataloader = dict(batch_size=1, dataset=dict(data_root=data_root, '
+            'indices=1))\n'
+            'test_dataloader = val_dataloader\n'
+            "val_evaluator = dict(ann_file=data_root + 'annotations/instances_val.json')\n"
+            'test_evaluator = val_evaluator\n'
+            'train_cfg = dict(max_epochs=2, val_interval=100)\n'
+            f'default_hooks = dict(logger=dict(interval=1), checkpoint={checkpoint})\n' + extra)

@@ -26,8 +26,10 @@ Each step is printed (a shell line; comments start with ``#``) before it runs, a
 ``--dry-run`` prints them without running anything. A failed step stops the script; the
 same command again resumes. ``--gpus`` defaults to each config's protocol (``8xb2`` = 8
 GPUs x 2 images); with another count the protocol's total batch is kept by setting
-``train_dataloader.batch_size`` (total / N) on the command line. ``--cfg-options`` go to
-every train and test call, after the script's own (data paths, smaller test runs, ...).
+``train_dataloader.batch_size`` (total / N) on the command line; a count that does not
+divide the total batch stops the script before anything runs, naming the counts that
+do. ``--cfg-options`` go to every train and test call, after the script's own (data
+paths, smaller test runs, ...).
 """
 import argparse
 import json
@@ -152,6 +154,10 @@ def describe_cost(cfg: Config, path: str) -> str:
     return f'{gpus} GPUs x {bs} images (batch {gpus * bs}), {schedule_of(cfg)}'
 
 
+class GpuCountError(ValueError):
+    """``--gpus`` that cannot keep a config's protocol batch."""
+
+
 class Step:
     """One command line (or a note about a skipped one)."""
 
@@ -192,12 +198,24 @@ class Planner:
         proto = protocol_gpus(cfg, config)
         if gpus == proto or 'train_dataloader.batch_size' in self.options:
             return []
-        total = proto * int(cfg.train_dataloader.batch_size)
+        per_gpu = int(cfg.train_dataloader.batch_size)
+        total = proto * per_gpu
         if total % gpus:
-            raise ValueError(f'{config}: the protocol batch {total} ({proto} GPUs) does not '
-                             f'split over {gpus} GPUs; set train_dataloader.batch_size in '
-                             '--cfg-options')
+            counts = [n for n in range(1, total + 1) if total % n == 0]
+            raise GpuCountError(
+                f'--gpus {gpus}: the protocol batch of {osp.basename(config)} ({proto} GPUs x '
+                f'{per_gpu} images = {total}) does not split evenly over {gpus} GPUs; --gpus '
+                f'takes a divisor of {total} here ({", ".join(map(str, counts))}), or set '
+                'train_dataloader.batch_size in --cfg-options')
         return [f'train_dataloader.batch_size={total // gpus}']
+
+    def check_gpus(self, task: str, arch: str) -> None:
+        """Raise :class:`GpuCountError` before anything runs when ``--gpus`` cannot keep
+        the protocol batch of a config of (task, arch)."""
+        pola = pola_config(task, arch)
+        for config in (pola, softmax_config(pola)):
+            cfg = load(config, self.options)
+            self._batch_option(cfg, config, self.args.gpus or protocol_gpus(cfg, config))
 
     def run_steps(self, task: str, config: str, role: str) -> List[Step]:
         """Train (or resume, or skip), then test (or skip) one config."""
@@ -388,6 +406,12 @@ def main(argv=None) -> int:
         jobs = [(args.task, list(TASKS[args.task]['configs']))]
     else:
         jobs = [(args.task, [args.arch])]
+    try:  # every config first: a run must not stop at the second config for this
+        for task, archs in jobs:
+            for arch in archs:
+                planner.check_gpus(task, arch)
+    except GpuCountError as err:
+        sys.exit(f'reproduce.py: error: {err}')
     for task, archs in jobs:
         planned = []
         for arch in archs:

@@ -6,6 +6,7 @@
                          [--launcher ...]
 
 The checkpoint must fit the model (every key, every shape); --allow-partial loads what fits.
+The work dir must not be in use by another live run (docs/notes/reliability.md).
 
 --out: detection/classification results as a .pkl; segmentation: a folder of
 prediction PNGs. --show-dir: images with predictions drawn. --tta: test-time
@@ -81,4 +82,7 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    main()
+    try:
+        main()
+    except entry.USER_ERRORS as err:  # a named problem of the input, without a traceback
+        sys.exit(f'test.py: error: {err}')

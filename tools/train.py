@@ -6,7 +6,8 @@
                                  [--cfg-options k=v ...] [--launcher {none,pytorch,slurm,mpi}]
 
 Before anything is built the config's datasets are checked (tools/misc/check_dataset.py);
-problems that would stop training end the run with that report.
+problems that would stop training end the run with that report. A work dir belongs to one
+live run: a second run on it stops at once, naming the first (docs/notes/reliability.md).
 
 Multi-process: tools/dist_train.sh CONFIG NPROC (torchrun; works on CPUs with gloo).
 """
@@ -95,3 +96,5 @@ if __name__ == '__main__':
         main()
     except DatasetCheckError as err:  # the report, without a traceback
         sys.exit(str(err))
+    except entry.USER_ERRORS as err:  # a named problem of the input, without a traceback
+        sys.exit(f'train.py: error: {err}')

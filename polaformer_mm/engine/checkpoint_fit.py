@@ -5,7 +5,8 @@ another model (a ResNet state dict, a segmentor's weights for a detector, a
 backbone-only file) loads nothing or a part, a warning goes to the log, and evaluation
 scores random weights. :class:`~.runner.PolaRunner` calls :func:`check_checkpoint_fits`
 before it loads (``load_from``, ``--resume``, test checkpoints) unless partial loading is
-allowed; the error names the keys and the likely cause.
+allowed, and so does ``tools/demo/image_demo.py`` for ``--weights``; the error names the
+keys and the likely cause.
 """
 import re
 from collections import OrderedDict
@@ -16,8 +17,9 @@ from mmengine.model import BaseTTAModel, is_model_wrapper
 
 from ..models.official_weights import detect_official_family
 
-PARTIAL_HINT = ('To load only what fits, pass --allow-partial to tools/train.py or '
-                'tools/test.py, or set allow_partial_load = True in the config.')
+PARTIAL_HINT = ('To load only what fits, pass --allow-partial to tools/train.py, '
+                'tools/test.py or tools/demo/image_demo.py, or set allow_partial_load = True '
+                'in the config.')
 _TASK_HEADS = (
     ('segmentation', ('decode_head', 'auxiliary_head')),
     ('detection', ('rpn_head', 'roi_head', 'bbox_head', 'mask_head')),

@@ -13,9 +13,17 @@ from typing import Optional
 import torch
 from mmengine.config import Config, ConfigDict
 
-from ..utils.checkpoint_io import require_checkpoint
+from ..utils.checkpoint_io import CheckpointError, require_checkpoint
+from .checkpoint_fit import CheckpointMismatchError
+from .model_check import ModelConfigError
+from .work_dir_lock import WorkDirLockedError
 
 TASKS = ('mmdet', 'mmseg', 'mmpretrain')
+
+#: Errors that name a problem of the user's input (a checkpoint that is no checkpoint or
+#: does not fit, parts of a model config that do not fit together, a work dir in use by
+#: another run): the tools print their message and exit, without a traceback.
+USER_ERRORS = (CheckpointError, CheckpointMismatchError, ModelConfigError, WorkDirLockedError)
 
 
 def task_of(cfg: Config) -> str:

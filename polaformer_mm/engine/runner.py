@@ -13,6 +13,14 @@
   one and ``last_checkpoint`` are complete: a kill at any moment leaves a resumable work
   dir.
 * Resuming restores the random states (:class:`ResumableStateHook`).
+* One live run per work dir: the runner takes ``<work_dir>/run.lock`` before anything
+  is written there (rank 0 of a distributed run) and gives it back when ``train()``,
+  ``val()`` or ``test()`` ends; a second run on the same work dir stops at once with
+  :class:`~.work_dir_lock.WorkDirLockedError` naming the other run. The lock of a run
+  that crashed is stale and taken over (a note names that run).
+* The model's neck (or, without one, a segmentor's heads) must take the channels the
+  Pola backbone returns: a mismatch is a :class:`~.model_check.ModelConfigError` naming
+  both channel lists when the model is built (:func:`~.model_check.check_model_channels`).
 * Without CUDA, ``AmpOptimWrapper`` configs train in float32 (a warning says so).
 * Distributed training without CUDA: the process group is created with gloo (no
   ``torch.cuda.set_device``), SyncBN layers are reverted to BN, and DDP gets no
@@ -21,11 +29,12 @@
 import datetime
 import os
 import os.path as osp
+import weakref
 from typing import Optional
 
 import torch
 import torch.distributed as torch_dist
-from mmengine.dist import is_distributed, master_only
+from mmengine.dist import get_rank, is_distributed, master_only
 from mmengine.fileio import LocalBackend, get_file_backend
 from mmengine.hooks import CheckpointHook
 from mmengine.model import is_model_wrapper, revert_sync_batchnorm
@@ -38,7 +47,9 @@ from ..utils.checkpoint_io import CheckpointError, atomic_write, load_checkpoint
 from ..utils.mmcv_ops import check_mmcv_cuda_ops
 from .checkpoint_fit import check_checkpoint_fits, checkpoint_state_dict, describe_mismatch
 from .hooks import PolaCheckpointHook, ResumableStateHook
+from .model_check import check_model_channels
 from .runner_state import restore_runner_state, restore_scheduler_state
+from .work_dir_lock import lock_work_dir
 
 _RESUME_KEYS = ('meta', 'state_dict', 'message_hub')
 
@@ -62,7 +73,15 @@ class PolaRunner(Runner):
     def __init__(self, *args, allow_partial_load: Optional[bool] = None, **kwargs):
         self._resuming = False
         self._allow_partial_load = allow_partial_load
+        self._work_dir_lock = None
+        self._in_locked_run = False
         super().__init__(*args, **kwargs)
+        previous = self._work_dir_lock.previous if self._work_dir_lock else None
+        if previous:
+            self.logger.warning(f'work dir {self.work_dir}: took over the lock file of a run '
+                                'that ended without releasing it (pid '
+                                f'{previous.get("pid")} on host {previous.get("host")}, '
+                                f'started {previous.get("started")})')
         check_mmcv_cuda_ops(self.model)  # on CUDA, mmcv ops must have CUDA kernels
         if self._allow_partial_load is None:
             self._allow_partial_load = bool(self.cfg.get('allow_partial_load', False))
@@ -79,6 +98,43 @@ class PolaRunner(Runner):
         if self.distributed and not is_distributed() and not _cuda_usable():
             self._init_cpu_process_group(env_cfg)
         super().setup_env(env_cfg)
+        # the work dir exists, nothing is written into it yet
+        self._lock_work_dir()
+
+    # -- one live run per work dir ----------------------------------------------------
+    def _lock_work_dir(self) -> None:
+        if self._work_dir_lock is not None or get_rank() != 0:
+            return
+        self._work_dir_lock = lock_work_dir(self.work_dir)
+        weakref.finalize(self, self._work_dir_lock.release)
+
+    def _unlock_work_dir(self) -> None:
+        lock, self._work_dir_lock = self._work_dir_lock, None
+        if lock is not None:
+            lock.release()
+
+    def _locked_run(self, run):
+        outermost = not self._in_locked_run  # e.g. a hook calling val() inside train()
+        self._lock_work_dir()
+        self._in_locked_run = True
+        try:
+            return run()
+        finally:
+            if outermost:
+                self._in_locked_run = False
+                self._unlock_work_dir()
+
+    def train(self):
+        """mmengine's ``train()``, holding the work dir's lock (released at the end)."""
+        return self._locked_run(super().train)
+
+    def val(self):
+        """mmengine's ``val()``, holding the work dir's lock (released at the end)."""
+        return self._locked_run(super().val)
+
+    def test(self):
+        """mmengine's ``test()``, holding the work dir's lock (released at the end)."""
+        return self._locked_run(super().test)
 
     def _init_cpu_process_group(self, env_cfg: dict) -> None:
         if self.launcher != 'pytorch':
@@ -100,6 +156,12 @@ class PolaRunner(Runner):
         if not isinstance(timeout, datetime.timedelta):
             timeout = datetime.timedelta(seconds=timeout)
         torch_dist.init_process_group(backend='gloo', timeout=timeout, **dist_cfg)
+
+    def build_model(self, model):
+        """mmengine's ``build_model``, then :func:`~.model_check.check_model_channels`."""
+        model = super().build_model(model)
+        check_model_channels(model)
+        return model
 
     def wrap_model(self, model_wrapper_cfg: Optional[dict], model):
         """mmengine's DDP wrapping; without CUDA: SyncBN reverted, no ``device_ids``."""

@@ -1,7 +1,8 @@
 """Converting official PolaFormer checkpoints to our modules, and backbone weights.
 
 Official files are ``{'model': state_dict, 'optimizer', 'lr_scheduler', 'max_accuracy',
-'epoch', 'config'}`` where 'config' is a pickled ``yacs.config.CfgNode``. Every file is
+'epoch', 'config'}`` where 'config' is a pickled ``yacs.config.CfgNode``. Keys of a file
+saved from a DDP-wrapped model (``module.`` first) are read without that prefix. Every file is
 read by :func:`polaformer_mm.utils.checkpoint_io.load_checkpoint` (weights-only, with an
 inert stand-in for ``CfgNode`` that reads the node back as an OrderedDict, so yacs need
 not be installed; local paths, URLs and mmengine's other schemes).
@@ -16,6 +17,7 @@ import torch
 
 from ..utils.checkpoint_io import atomic_save, is_local_checkpoint
 from ..utils.checkpoint_io import load_checkpoint as load_checkpoint_file
+from ..utils.checkpoint_io import strip_ddp_prefix
 from ..version import __version__
 
 PVT_FAMILY, SWIN_FAMILY = 'pvt', 'swin'
@@ -23,7 +25,9 @@ PVT_FAMILY, SWIN_FAMILY = 'pvt', 'swin'
 
 def extract_state_dict(obj, source: str = 'checkpoint') -> Dict[str, torch.Tensor]:
     """The state dict of a loaded checkpoint: ``obj`` itself, or its ``state_dict``
-    or ``model`` entry; a named error when there is none."""
+    or ``model`` entry, with the ``module.`` prefix of a DDP-saved file stripped
+    (:func:`~polaformer_mm.utils.checkpoint_io.strip_ddp_prefix`); a named error when
+    there is none."""
     if isinstance(obj, dict):
         for key in ('state_dict', 'model'):
             if isinstance(obj.get(key), dict):
@@ -33,15 +37,17 @@ def extract_state_dict(obj, source: str = 'checkpoint') -> Dict[str, torch.Tenso
             isinstance(v, torch.Tensor) for v in obj.values()):
         raise ValueError(f'{source} holds no state dict (expected a dict of tensors, '
                          "or one under 'state_dict' or 'model')")
-    return obj
+    return strip_ddp_prefix(obj)
 
 
 def detect_official_family(state_dict) -> Optional[str]:
-    """'pvt' / 'swin' for official key layouts, None otherwise."""
+    """'pvt' / 'swin' for official key layouts, None otherwise (our own PolaPVT keys,
+    ``layers.0.blocks.*`` next to ``layers.0.patch_embed.*``, are not official Swin)."""
     keys = list(state_dict)
     if any(k.startswith(('patch_embed1.', 'block1.')) for k in keys):
         return PVT_FAMILY
-    if any(k.startswith('layers.0.blocks.') for k in keys):
+    if any(k.startswith('layers.0.blocks.') for k in keys) and not any(
+            k.startswith(('layers.0.patch_embed.', 'layers.0.pos_embed')) for k in keys):
         return SWIN_FAMILY
     return None
 
@@ -128,14 +134,17 @@ def convert_official_checkpoint(src: str, dst: str) -> Dict[str, torch.Tensor]:
 
     Args:
         src (str): the official file (local path, URL or another mmengine scheme).
-        dst (str): the local output path; never ``src`` itself. Written atomically (a
-            temporary file next to it, renamed when complete).
+        dst (str): the local output file; never ``src`` itself, nor a directory.
+            Written atomically (a temporary file next to it, renamed when complete).
 
     Returns:
         dict: the converted state dict.
     """
     src, dst = os.fspath(src), os.fspath(dst)
     _refuse_same_file(src, dst)
+    if osp.isdir(osp.expanduser(dst)):
+        raise ValueError(f'DST {dst!r} is an existing directory: give the path of the file '
+                         f'to write, e.g. {osp.join(dst, "converted.pth")!r}')
     state_dict = extract_state_dict(
         load_checkpoint_file(src, what='official checkpoint'), source=src)
     family = detect_official_family(state_dict)

@@ -25,10 +25,16 @@ checkpoints) all read through here.
   newer torch, say), each with its own message. None suggests switching weights-only
   loading off.
 * :func:`require_checkpoint` is the one existence check (local paths only).
+* :func:`strip_ddp_prefix` drops the ``module.`` that a state dict saved from a
+  ``DistributedDataParallel`` wrapper puts before every key, as mmengine's loader does
+  (``revise_keys``); every reader of weights in this project applies it.
 
 Writing (:func:`atomic_save`, :func:`replace_file`): the file is written to a temporary
 name in the same folder, flushed to disk, then renamed over the target, so a reader (or
-a run killed during the write) sees either the old file or the complete new one.
+a run killed during the write) sees either the old file or the complete new one. The
+temporary name carries the writer's process id (``.NAME.tmp-PID-XXXXXXXX``); a later write
+removes another writer's temporary file only when that process is dead on this host
+(:func:`stale_temporaries`), never one that is still being written.
 
 Only torch, numpy and mmengine are imported here (no mmdet / mmseg / mmpretrain).
 """
@@ -51,9 +57,10 @@ from mmengine.runner.checkpoint import CheckpointLoader, load_from_local
 from .compat import NATIVE_ALLOWLIST, NUMPY_MULTIARRAY
 
 __all__ = [
-    'CheckpointError', 'HistoryBufferStandIn', 'RestrictedUnpickler', 'allowed_globals',
-    'atomic_save', 'atomic_write', 'is_local_checkpoint', 'load_checkpoint', 'replace_file',
-    'require_checkpoint', 'restricted_allowlist', 'restricted_load', 'safe_load_scope'
+    'CheckpointError', 'DDP_PREFIX', 'HistoryBufferStandIn', 'RestrictedUnpickler',
+    'allowed_globals', 'atomic_save', 'atomic_write', 'is_local_checkpoint', 'load_checkpoint',
+    'process_alive', 'replace_file', 'require_checkpoint', 'restricted_allowlist',
+    'restricted_load', 'safe_load_scope', 'stale_temporaries', 'temporary_path'
 ]
 
 _FORCE_WEIGHTS_ONLY = 'TORCH_FORCE_WEIGHTS_ONLY_LOAD'
@@ -436,6 +443,19 @@ def load_checkpoint(path: Union[str, os.PathLike],
         raise
 
 
+#: What mmengine's ``_load_checkpoint_to_model`` strips by default (``revise_keys``).
+DDP_PREFIX = 'module.'
+
+
+def strip_ddp_prefix(state_dict: Dict[str, Any]) -> 'OrderedDict[str, Any]':
+    """``state_dict`` with a leading ``module.`` (what ``DistributedDataParallel`` and
+    ``DataParallel`` put before their model's keys) removed from every key, as mmengine's
+    loader does; other keys are kept as they are."""
+    n = len(DDP_PREFIX)
+    return OrderedDict((k[n:] if isinstance(k, str) and k.startswith(DDP_PREFIX) else k, v)
+                       for k, v in state_dict.items())
+
+
 def _torch_has(dotted: str) -> bool:
     obj = torch
     for part in dotted.split('.'):
@@ -467,8 +487,23 @@ def _fsync_dir(folder: str) -> None:
         os.close(fd)
 
 
+def process_alive(pid: int) -> bool:
+    """Whether a process with id ``pid`` exists on this host (a zombie counts as alive;
+    so does any pid where that cannot be told, e.g. on Windows)."""
+    if pid <= 0 or os.name == 'nt':  # os.kill(pid, 0) would end the process there
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: it exists, under another user
+        return True
+    return True
+
+
 def temporary_path(path: str) -> str:
-    """A new, unused temporary file name next to ``path`` (``.NAME.tmp-XXXX``)."""
+    """A new, unused temporary file name next to ``path``
+    (``.NAME.tmp-PID-XXXXXXXX``: this process's id and 8 random hex digits)."""
     folder, name = osp.split(osp.abspath(path))
     while True:
         tmp = osp.join(folder, f'.{name}.tmp-{os.getpid()}-{secrets.token_hex(4)}')
@@ -479,20 +514,32 @@ def temporary_path(path: str) -> str:
             continue
 
 
+_TEMPORARY_SUFFIX = re.compile(r'(\d+)-[0-9a-f]+')
+
+
 def stale_temporaries(path: str) -> List[str]:
-    """Temporary files that an interrupted :func:`atomic_save` of ``path`` left."""
+    """Temporary files of ``path`` that an interrupted :func:`atomic_write` left: those
+    whose writer (the pid in the name) is dead on this host. Temporary files of live
+    processes, this one included, and names that carry no pid are not listed."""
     folder, name = osp.split(osp.abspath(path))
     prefix = f'.{name}.tmp-'
     try:
-        return [osp.join(folder, n) for n in os.listdir(folder) if n.startswith(prefix)]
+        names = os.listdir(folder)
     except OSError:
         return []
+    stale = []
+    for n in names:
+        match = _TEMPORARY_SUFFIX.fullmatch(n[len(prefix):]) if n.startswith(prefix) else None
+        if match and not process_alive(int(match[1])):
+            stale.append(osp.join(folder, n))
+    return stale
 
 
 def atomic_write(path: str, write: Callable[[str], None]) -> None:
     """Call ``write(tmp_path)`` for a temporary file next to ``path``, then
     :func:`replace_file` it into place; on any error the temporary file is removed and
-    ``path`` is untouched. Leftovers of earlier interrupted writes are removed."""
+    ``path`` is untouched. Leftovers of earlier interrupted writes are removed when their
+    writer is dead (:func:`stale_temporaries`)."""
     for stale in stale_temporaries(path):
         with contextlib.suppress(OSError):
             os.remove(stale)

@@ -22,6 +22,8 @@ import torch
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
 
+from polaformer_mm.engine.model_check import check_model_channels
+
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 CONFIG_DIR = osp.join(REPO, 'configs')
 POLA_TYPES = ('PolaPVT', 'PolaSwin')
@@ -195,6 +197,8 @@ def _build_and_check(cfg):
         channels = [o.shape[1] for o in outs]
         if _is_pola(cfg):
             assert channels == [model.backbone.num_features[i] for i in model.backbone.out_indices]
+            assert channels == model.backbone.out_channels
+            check_model_channels(model)  # the build-time check passes every released config
         if _is_pola(cfg):
             _check_weight_decay(cfg, model)
         _BUILT[key] = (channels, _check_channels(model, channels))

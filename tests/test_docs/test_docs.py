@@ -13,7 +13,8 @@ from polaformer_mm.ops import pola_linear_attention, pola_linear_attention_refer
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DOCS = ['README.md', 'docs/method.md', 'configs/README.md'] + sorted(
-    osp.relpath(p, ROOT) for p in glob.glob(osp.join(ROOT, 'configs', '*', 'README.md')))
+    osp.relpath(p, ROOT) for p in glob.glob(osp.join(ROOT, 'configs', '*', 'README.md'))) + sorted(
+        osp.relpath(p, ROOT) for p in glob.glob(osp.join(ROOT, 'docs', 'notes', '*.md')))
 
 
 def _stream_weights(op, exponent):

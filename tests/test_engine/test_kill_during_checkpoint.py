@@ -11,16 +11,14 @@ import os.path as osp
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
 import torch
 
-from .._smoke import synthetic_root
+from .._smoke import synthetic_root, two_epoch_det_config
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-DET = osp.join(REPO, 'configs/quickstart/mask-rcnn_pola-pvt-nano_fpn_synthetic.py')
 
 SLOW_WRITE = '''
 """Fault injection: the write of a checkpoint named $POLA_SLOW_CKPT stops half-way."""
@@ -45,19 +43,6 @@ def _slow_put(self, obj, filepath):
 
 
 LocalBackend.put = _slow_put
-'''
-
-CONFIG = '''
-_base_ = [{det!r}]
-custom_imports = dict(imports=['polaformer_mm', 'slow_ckpt_write'], allow_failed_imports=False)
-data_root = {root!r}
-train_dataloader = dict(batch_size=2, dataset=dict(data_root=data_root, indices=2))
-val_dataloader = dict(batch_size=1, dataset=dict(data_root=data_root, indices=1))
-test_dataloader = val_dataloader
-val_evaluator = dict(ann_file=data_root + 'annotations/instances_val.json')
-test_evaluator = val_evaluator
-train_cfg = dict(max_epochs=2, val_interval=100)
-default_hooks = dict(logger=dict(interval=1), checkpoint=dict(interval=1, max_keep_ckpts=1))
 '''
 
 
@@ -100,7 +85,8 @@ def test_kill_during_checkpoint_write_then_resume(tmp_path):
     root = synthetic_root(tmp_path)
     (tmp_path / 'slow_ckpt_write.py').write_text(SLOW_WRITE)
     cfg = tmp_path / 'cfg.py'
-    cfg.write_text(textwrap.dedent(CONFIG.format(det=DET, root=root)))
+    cfg.write_text(
+        two_epoch_det_config(root, 'slow_ckpt_write', 'dict(interval=1, max_keep_ckpts=1)'))
     work_dir = tmp_path / 'wd'
 
     _train(cfg, work_dir, tmp_path, slow='epoch_2.pth', wait_for=tmp_path / 'marker')

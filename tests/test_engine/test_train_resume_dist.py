@@ -162,3 +162,5 @@ def test_torchrun_two_processes_on_cpu(data_root, tmp_path):
     state = torch.load(ckpts[0], map_location='cpu', weights_only=True)  # no allowlist
     assert state['meta']['iter'] == 3
     assert 'SyncBN reverted to BN' in out
+    # rank 0 held the work dir's lock (rank 1 was not refused) and gave it back
+    assert not (tmp_path / 'wd' / 'run.lock').exists()

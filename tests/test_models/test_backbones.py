@@ -392,6 +392,26 @@ def test_swin_arguments_are_checked_at_construction(kwargs, match):
 
 
 @pytest.mark.parametrize('cls', [PolaPVT, PolaSwin])
+def test_out_indices_int_is_one_stage_and_wrong_types_are_named(cls):
+    one = cls(arch='tiny', out_indices=3)  # as mmdet's and mmpretrain's backbones take it
+    assert one.out_indices == (3, )
+    (out, ) = one(torch.randn(1, 3, 64, 64))
+    assert out.shape[1] == one.num_features[3] == one.out_channels[0]
+    assert cls(arch='tiny', out_indices=(2, 0)).out_channels == one.num_features[0:3:2]
+    from mmdet.registry import MODELS  # as a config builds it
+    for kwargs, match in [
+        (dict(frozen_stages='2'), r"frozen_stages must be an int in -1\.\.4 \(-1: nothing "
+         r"frozen\), got '2' \(str\)"),
+        (dict(frozen_stages=1.0), r'frozen_stages must be an int .* got 1\.0 \(float\)'),
+        (dict(out_indices='3'), r"out_indices must be an int or a list/tuple of ints \(stages "
+         r"0\.\.3\), got '3' \(str\)"),
+        (dict(out_indices=(1, None)), r'out_indices must be an int or a list/tuple of ints'),
+    ]:
+        with pytest.raises(TypeError, match=match):
+            MODELS.build(dict(type=cls.__name__, arch='tiny', **kwargs))
+
+
+@pytest.mark.parametrize('cls', [PolaPVT, PolaSwin])
 def test_empty_or_wrong_inputs_are_named(cls):
     model = cls(arch='tiny')
     with pytest.raises(ValueError, match=r'empty batch or image: input shape \(0, 3'):

@@ -219,7 +219,9 @@ def test_list_gpu_count_and_missing_weights(reproduce, capsys, tmp_path, monkeyp
     assert 'checkpoints/pola_swin_t_mm.pth not found' in capsys.readouterr().err
     assert not os.listdir(tmp_path)
     args = reproduce.parse_args(['upernet', '--arch', 'swin-t', '--gpus', '3'])
-    with pytest.raises(ValueError, match='does not split over 3 GPUs'):
+    with pytest.raises(
+            reproduce.GpuCountError,
+            match=r'does not split evenly over 3 GPUs; --gpus takes a divisor of 16'):
         reproduce.Planner(args, {}, []).plan('upernet', 'swin-t')
     with pytest.raises(SystemExit):
         reproduce.parse_args(['upernet', '--arch', 'pvt-t'])

@@ -1,13 +1,19 @@
 """polaformer_mm.utils.checkpoint_io: the one reading path, its messages, atomic writes."""
 import os
+import os.path as osp
 import pickle
+import subprocess
+import sys
+import time
 import traceback
 
 import pytest
 import torch
 
 from polaformer_mm.utils.checkpoint_io import (CheckpointError, atomic_save, load_checkpoint,
-                                               require_checkpoint, safe_load_scope)
+                                               process_alive, require_checkpoint, safe_load_scope)
+
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 
 class _Exploit:
@@ -83,11 +89,73 @@ def test_atomic_save_never_leaves_half_a_file(tmp_path):
         atomic_save({'w': torch.zeros(3), 'f': lambda: None}, path)
     assert path.read_bytes() == before
     assert sorted(os.listdir(tmp_path)) == ['ckpt.pth']  # no temporary file left
-    # a temporary file of an interrupted earlier write is removed by the next write
-    (tmp_path / '.ckpt.pth.tmp-1-dead').write_bytes(b'half')
-    atomic_save({'w': torch.zeros(3)}, path)
-    assert sorted(os.listdir(tmp_path)) == ['ckpt.pth']
+    # a temporary file of an interrupted earlier write (its writer is dead) is removed by
+    # the next write; one of a live writer and one whose name carries no pid stay
+    dead = _dead_pid()
+    (tmp_path / f'.ckpt.pth.tmp-{dead}-0badf00d').write_bytes(b'half')
+    with subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']) as alive:
+        try:
+            kept = [f'.ckpt.pth.tmp-{alive.pid}-0badf00d', '.ckpt.pth.tmp-by-hand']
+            for name in kept:
+                (tmp_path / name).write_bytes(b'half')
+            atomic_save({'w': torch.zeros(3)}, path)
+        finally:
+            alive.kill()
+    assert sorted(os.listdir(tmp_path)) == sorted(['ckpt.pth'] + kept)
     assert oct(os.stat(path).st_mode & 0o777) == oct(0o666 & ~_umask())
+
+
+def _dead_pid():
+    """The pid of a process that has ended (and been reaped)."""
+    proc = subprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'],
+                          capture_output=True,
+                          text=True,
+                          check=True)
+    pid = int(proc.stdout)
+    assert not process_alive(pid)
+    return pid
+
+
+WRITER = """
+import os, sys, time
+import torch
+from polaformer_mm.utils.checkpoint_io import atomic_write
+
+path, marker, go = sys.argv[1:]
+
+
+def write(tmp):
+    torch.save({'w': torch.ones(3)}, tmp)
+    open(marker, 'w').close()
+    while not os.path.exists(go):  # another process writes the same file meanwhile
+        time.sleep(0.05)
+
+
+atomic_write(path, write)
+"""
+
+
+def test_a_write_in_progress_survives_another_writer(tmp_path):
+    """Two processes write one checkpoint at once: the second does not delete the
+    first one's temporary file (which then used to die with FileNotFoundError)."""
+    path, marker, go = (str(tmp_path / n) for n in ('ckpt.pth', 'marker', 'go'))
+    env = dict(os.environ, PYTHONPATH=REPO)
+    with subprocess.Popen([sys.executable, '-c', WRITER, path, marker, go],
+                          env=env,
+                          stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT,
+                          text=True) as other:
+        deadline = time.time() + 120
+        while not os.path.exists(marker):
+            assert other.poll() is None, other.stdout.read()
+            assert time.time() < deadline
+            time.sleep(0.05)
+        atomic_save({'w': torch.zeros(3)}, path)
+        open(go, 'w').close()
+        out, _ = other.communicate(timeout=120)
+    assert other.returncode == 0, out
+    assert torch.equal(torch.load(path, weights_only=True)['w'], torch.ones(3))  # the later
+    assert sorted(os.listdir(tmp_path)) == ['ckpt.pth', 'go', 'marker']
 
 
 def _umask():

@@ -298,6 +298,9 @@ def parse_args(argv=None):
     if args.shape is not None:
         if len(args.shape) not in (1, 2):
             p.error('--shape takes H W or one size')
+        if min(args.shape) < 1:
+            p.error(f'--shape {" ".join(map(str, args.shape))}: sizes must be positive '
+                    'pixel counts (H W, or one size for a square)')
         args.shape = tuple(args.shape * 2 if len(args.shape) == 1 else args.shape)
     return args
 

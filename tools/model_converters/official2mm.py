@@ -23,12 +23,13 @@ from polaformer_mm.utils.checkpoint_io import CheckpointError  # noqa: E402
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('src', help='official PolaFormer checkpoint')
-    parser.add_argument('dst', help='output path of the converted checkpoint')
+    parser.add_argument('dst', help='output file of the converted checkpoint (not a directory)')
     args = parser.parse_args(argv)
     try:
         state_dict = convert_official_checkpoint(args.src, args.dst)
-    except (FileNotFoundError, CheckpointError, KeyError, ValueError) as err:
-        # a named problem of the input: one line, no traceback
+    except (OSError, CheckpointError, KeyError, ValueError) as err:
+        # a named problem of the input (or of DST's folder: not writable, a file, ...):
+        # one line, no traceback
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         parser.exit(1, f'official2mm: error: {message}\n')
     num_params = sum(v.numel() for k, v in state_dict.items())

@@ -1,5 +1,6 @@
 """What PolaPVT and PolaSwin share: argument checks, stage freezing, the forward
 over stages, weight init and loading of official or converted checkpoints."""
+import numbers
 import warnings
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -12,6 +13,10 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...utils.compat import in_graph_capture
 from ..utils import nlc_to_nchw
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_positive_int(name: str, value) -> int:
@@ -127,10 +132,20 @@ class PolaBackboneBase(BaseModule):
         if len(attn_types) != num_stages or set(attn_types) - set('LS'):
             raise ValueError(f"attn_types must be {num_stages} letters of 'L'/'S', "
                              f'got {attn_types!r}')
+        if _is_int(out_indices):  # one stage, as mmdet's and mmpretrain's backbones take it
+            out_indices = (out_indices, )
+        if not isinstance(out_indices, (list, tuple)) or not all(map(_is_int, out_indices)):
+            raise TypeError(f'out_indices must be an int or a list/tuple of ints (stages '
+                            f'0..{num_stages - 1}), got {out_indices!r} '
+                            f'({type(out_indices).__name__})')
         out_indices = tuple(int(i) for i in out_indices)
         if not out_indices or any(i < 0 or i >= num_stages for i in out_indices):
             raise ValueError(f'out_indices must name stages in '
                              f'0..{num_stages - 1}, got {out_indices}')
+        if not _is_int(frozen_stages):
+            raise TypeError(f'frozen_stages must be an int in -1..{num_stages} (-1: nothing '
+                            f'frozen), got {frozen_stages!r} ({type(frozen_stages).__name__})')
+        frozen_stages = int(frozen_stages)
         if not -1 <= frozen_stages <= num_stages:
             raise ValueError(f'frozen_stages must be in -1..{num_stages}, '
                              f'got {frozen_stages}')
@@ -139,6 +154,11 @@ class PolaBackboneBase(BaseModule):
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
         self.with_cp = with_cp
+
+    @property
+    def out_channels(self) -> List[int]:
+        """The channels of the maps :meth:`forward` returns, in their order."""
+        return [c for i, c in enumerate(self.num_features) if i in self.out_indices]
 
     def forward_stages(self, x):
         """Yield (raw stage tokens (B, h*w, C), (h, w)) for every stage."""

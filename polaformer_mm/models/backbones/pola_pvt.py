@@ -204,8 +204,9 @@ class PolaPVT(PolaBackboneBase):
         norm_cfg (dict): Norms of the blocks. Default:
             ``dict(type='LN', eps=1e-6)`` (official).
         act_cfg (dict): MLP activation. Default: ``dict(type='GELU')``.
-        out_indices (Sequence[int]): Stages returned as (B, C_i, H_i, W_i) maps,
-            strides 4/8/16/32 (ceil for other sizes). Default: (0, 1, 2, 3).
+        out_indices (Sequence[int] | int): Stages returned as (B, C_i, H_i, W_i) maps,
+            strides 4/8/16/32 (ceil for other sizes); an int is one stage.
+            Default: (0, 1, 2, 3).
         frozen_stages (int): -1 freezes nothing, 0 the first patch embedding,
             k >= 1 stages 0..k-1 in full. Default: -1.
         norm_eval (bool): Keep BatchNorm layers (if any) in eval mode. Default:
@@ -254,7 +255,7 @@ class PolaPVT(PolaBackboneBase):
                  drop_path_rate: float = 0.,
                  norm_cfg: dict = dict(type='LN', eps=1e-6),
                  act_cfg: dict = dict(type='GELU'),
-                 out_indices: Sequence[int] = (0, 1, 2, 3),
+                 out_indices: Union[int, Sequence[int]] = (0, 1, 2, 3),
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,

@@ -465,9 +465,10 @@ class PolaSwin(PolaBackboneBase):
         norm_cfg (dict): Every norm (patch embedding, blocks, downsampling, output
             norms). Default: ``dict(type='LN')`` (official).
         act_cfg (dict): MLP activation. Default: ``dict(type='GELU')``.
-        out_indices (Sequence[int]): Stages returned, each after its norm
+        out_indices (Sequence[int] | int): Stages returned, each after its norm
             ``norm{i}`` (``norm3`` is the official final norm), as (B, C_i, H_i,
-            W_i) maps with C, 2C, 4C, 8C channels. Default: (0, 1, 2, 3).
+            W_i) maps with C, 2C, 4C, 8C channels; an int is one stage.
+            Default: (0, 1, 2, 3).
         frozen_stages (int): -1 freezes nothing, 0 the patch embedding, k >= 1
             also stages 0..k-1 (with their downsampling and output norms).
             Default: -1.
@@ -511,7 +512,7 @@ class PolaSwin(PolaBackboneBase):
                  drop_path_rate: float = 0.1,
                  norm_cfg: dict = dict(type='LN'),
                  act_cfg: dict = dict(type='GELU'),
-                 out_indices: Sequence[int] = (0, 1, 2, 3),
+                 out_indices: Union[int, Sequence[int]] = (0, 1, 2, 3),
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
