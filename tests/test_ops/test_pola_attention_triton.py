@@ -4,7 +4,6 @@
 kernels run in a fresh process (tests/test_ops/_triton_worker.py) whatever this process
 imported before; one process runs all cases and these tests check its numbers.
 """
-import importlib.util
 import json
 import os
 import os.path as osp
@@ -13,13 +12,14 @@ import sys
 
 import pytest
 
+from polaformer_mm.utils.compat import triton_status
 from ._triton_worker import CASES
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec('triton') is None,
-    reason='Triton is not installed (pip install polaformer_mm[triton], or '
+    not triton_status().usable,
+    reason=f'{triton_status().reason} (pip install polaformer_mm[triton], or '
     '-r requirements/tests.txt)')
 
 
