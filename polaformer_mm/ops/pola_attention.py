@@ -56,7 +56,7 @@ lies far below them: a score is a query feature times a key feature, each floore
 ``(1 + alpha)`` times the spread of ``log|x|`` (already at alpha = 50 for keys drawn
 as ``randn + 1.5``, mostly positive, and queries ``randn``). Each block of queries therefore
 checks its denominators; where one is below ``tiny * 2**50`` the block is computed
-with an exact scheme instead (:func:`_exact_query_block`): the keys of each channel and
+with an exact scheme instead (:func:`_exact_block`): the keys of each channel and
 sign shifted by their own largest exponent, each query row per stream by the largest
 exponent it meets there, so that the largest term of every row and stream is 1 x (a key
 mean of at least 1 / n). For moderate magnitudes at the usual alpha no block needs it.
@@ -441,16 +441,11 @@ def _blocks(x: Tensor):
             yield slice(b, min(b + step, B)), slice(0, N)
 
 
-def _key_shift(k: Tensor, p: Tensor, log_scale: Optional[Tensor]) -> Tensor:
+def _key_shift(shifts: Tensor) -> Tensor:
     """``M_k`` (B,h,1,1): max(0, the largest p (log max(|k|, tiny) - log_scale) of the
-    (batch, head)), from the largest magnitude of each channel (log and the products
-    with p > 0 preserve the order)."""
-    # two reductions: torch.aminmax over tokens is about 10 times slower on the CPU
-    high, low = k.amax(dim=-2, keepdim=True), k.amin(dim=-2, keepdim=True)
-    scaled = torch.maximum(high, low.neg_()).clamp_min_(torch.finfo(k.dtype).tiny).log_()
-    if log_scale is not None:
-        scaled.sub_(log_scale)
-    return scaled.mul_(p).amax(dim=-1, keepdim=True).clamp_min_(0)
+    (batch, head)), the largest of its channels' and signs' ``shifts``
+    (:func:`_exact_shifts`; log and the products with p > 0 preserve the order)."""
+    return shifts.amax(dim=-1, keepdim=True).amax(dim=0).clamp_min_(0)
 
 
 def _query_block(q: Tensor, p: Tensor, W: Tensor, eps: EpsType, shift_k: Tensor,
@@ -494,21 +489,49 @@ def _inexact(inv_den: Tensor) -> bool:
 def _exact_shifts(k: Tensor, p: Tensor, log_scale: Optional[Tensor]) -> Tensor:
     """``c`` (2, B, h, 1, d): the largest ``p (log|k| - log_scale)`` among the positive
     keys (``c[0]``) and among the negative keys (``c[1]``) of each channel and (batch,
-    head); ``-inf`` where a channel has no key of that sign."""
+    head); ``-finfo.max / 16`` (:func:`_absent`) where a channel has no key of that
+    sign."""
+    # two reductions: torch.aminmax over tokens is about 10 times slower on the CPU
     high, low = k.amax(dim=-2, keepdim=True), k.amin(dim=-2, keepdim=True).neg_()
     extremes = torch.stack([high, low])
     shifts = extremes.clamp_min(torch.finfo(k.dtype).tiny).log_()
     if log_scale is not None:
         shifts.sub_(log_scale)
-    return shifts.mul_(p).masked_fill_(extremes <= 0, -math.inf)
+    return shifts.mul_(p).masked_fill_(extremes <= 0, -_absent(k.dtype))
 
 
-def _log_magnitude(x: Tensor, p: Tensor, log_scale: Optional[Tensor]) -> Tensor:
-    """``p (log max(|x|, tiny) - log_scale)`` (differentiable)."""
-    scaled = torch.log(torch.abs(x).clamp_min(torch.finfo(x.dtype).tiny))
+def _absent(dtype: torch.dtype) -> float:
+    """A finite stand-in for an infinite exponent (a sign that no key of a channel has,
+    an exact zero): ``finfo.max / 16``, so that sums of a few of them stay finite and
+    products with the 0 / 1 sign masks stay exact (``0 * inf`` would be NaN)."""
+    return torch.finfo(dtype).max / 16
+
+
+def _exact_floor(dtype: torch.dtype) -> float:
+    """The smallest exponent of the exact scheme's features: ``0.4 log(tiny)`` (2**-50
+    in float32). Its features are relative to a largest term of 1 (at least 1 / n per
+    stream), so features floored there change a result by at most ``4 d n`` times that,
+    relative; and the product of two floored features, or of one with a key mean, stays
+    a normal number (products that round to subnormals send the CPU's matrix products
+    down a path many times slower)."""
+    return 0.4 * math.log(torch.finfo(dtype).tiny)
+
+
+def _sign_masks(x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """``sign(x)`` and the masks 1 where x > 0 and 1 where x < 0 (0 elsewhere), by
+    arithmetic (``torch.where`` is many times slower on the CPU)."""
+    sign = torch.sign(x)
+    positive = sign.clamp_min(0)
+    return sign, positive, positive - sign
+
+
+def _scaled_log(x: Tensor, p: Tensor, log_scale: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """``p (log max(|x|, tiny) - log_scale)`` and ``max(|x|, tiny)``."""
+    magnitude = torch.abs(x).clamp_min_(torch.finfo(x.dtype).tiny)
+    scaled = torch.log(magnitude)
     if log_scale is not None:
-        scaled = scaled - log_scale
-    return scaled * p
+        scaled.sub_(log_scale)
+    return scaled.mul_(p), magnitude
 
 
 def _exact_key_features(k: Tensor,
@@ -521,48 +544,49 @@ def _exact_key_features(k: Tensor,
     the largest of each channel and sign is 1. With ``keep`` also what
     :func:`_feature_grads` needs: ``p (log max(|k|, tiny) - log_scale)`` and
     ``sign(k) / max(|k|, tiny)``."""
-    floor = _exp_floor(k.dtype)
-    scaled = _log_magnitude(k, p, log_scale)
-    feats = torch.stack([
-        torch.where(k > 0, (scaled - shifts[0]).clamp_min_(floor).exp_(), 0.),
-        torch.where(k < 0, (scaled - shifts[1]).clamp_min_(floor).exp_(), 0.)
-    ])
+    scaled, magnitude = _scaled_log(k, p, log_scale)
+    sign, positive, negative = _sign_masks(k)
+    exponent = torch.addcmul(scaled, positive, shifts[0], value=-1)
+    exponent.addcmul_(negative, shifts[1], value=-1).clamp_min_(_exact_floor(k.dtype)).exp_()
+    feats = torch.stack([exponent.mul(positive), exponent.mul_(negative)])
     if keep:
-        return feats, scaled, torch.sign(k) / torch.abs(k).clamp_min(torch.finfo(k.dtype).tiny)
+        return feats, scaled, magnitude.reciprocal_().mul_(sign)
     return feats
 
 
-def _exact_query_features(q: Tensor, p: Tensor, shifts: Tensor,
-                          log_scale: Optional[Tensor]) -> List[Tuple[Tensor, Tensor]]:
+def _exact_query_features(q: Tensor,
+                          p: Tensor,
+                          shifts: Tensor,
+                          log_scale: Optional[Tensor],
+                          keep: bool = False):
     """Per stream (same-signed, then opposite) the query feature planes (2, ...) of the
-    exact scheme and their row shift ``M`` (..., 1); differentiable in q, p and
-    ``log_scale``.
+    exact scheme and their row shift ``M`` (..., 1); with ``keep`` also ``scaled`` and
+    ``inv_x`` as :func:`_exact_key_features` gives them.
 
     A query feature meets, in each stream, the keys of one sign per channel, whose
     features :func:`_exact_key_features` shifts by that channel and sign's ``c``: the
     same-signed stream pairs a positive q with ``c[0]`` and a negative one with
     ``c[1]``, the opposite stream the other way round. Per row and stream the
     features are therefore ``exp(p log|q| + c - M)`` with ``M`` the row's largest
-    ``p log|q| + c`` in that stream, so that every (query feature) x (key feature)
-    product is the unscaled one times ``exp(-M)``, and the largest term of every row
-    and stream is (largest feature 1) x (a key feature 1), whatever ``alpha`` and the
-    magnitudes. ``M`` and ``c`` are constants of the derivative: the output does not
-    depend on them.
+    ``p log|q| + c`` in that stream (exact zeros left out), so that every (query
+    feature) x (key feature) product is the unscaled one times ``exp(-M)``, and the
+    largest term of every row and stream is (largest feature 1) x (a key feature 1),
+    whatever ``alpha`` and the magnitudes. ``M`` and ``c`` are constants of the
+    derivative: the output does not depend on them.
     """
-    info = torch.finfo(q.dtype)
-    floor = _exp_floor(q.dtype)
-    scaled = _log_magnitude(q, p, log_scale)
-    positive, negative = q.detach() > 0, q.detach() < 0
+    scaled, magnitude = _scaled_log(q, p, log_scale)
+    sign, positive, negative = _sign_masks(q)
+    # exact zeros: an exponent far below any other, so that they never set M
+    base = torch.addcmul(scaled, positive + negative - 1, scaled.new_tensor(_absent(q.dtype)))
+    floor = _exact_floor(q.dtype)
     streams = []
     for c_pos, c_neg in ((shifts[0], shifts[1]), (shifts[1], shifts[0])):
-        exponent = torch.where(positive, scaled + c_pos,
-                               torch.where(negative, scaled + c_neg, -math.inf))
-        shift = exponent.detach().amax(dim=-1, keepdim=True).clamp_min_(info.min)
-        feature = (exponent - shift).clamp_min(floor).exp()
-        planes = torch.stack(
-            [torch.where(positive, feature, 0.),
-             torch.where(negative, feature, 0.)])
-        streams.append((planes, shift))
+        exponent = torch.addcmul(base, positive, c_pos).addcmul_(negative, c_neg)
+        shift = exponent.amax(dim=-1, keepdim=True)
+        feature = exponent.sub_(shift).clamp_min_(floor).exp_()
+        streams.append((torch.stack([feature.mul(positive), feature.mul_(negative)]), shift))
+    if keep:
+        return streams, scaled, magnitude.reciprocal_().mul_(sign)
     return streams
 
 
@@ -574,41 +598,65 @@ def _exact_eps(eps: EpsType, shift: Tensor) -> Tensor:
     return factor.mul_(eps).clamp_(info.tiny, 1 / info.tiny)
 
 
-def _exact_query_block(q: Tensor, p: Tensor, W: Tensor, shifts: Tensor, eps: EpsType,
-                       log_scale: Optional[Tensor]) -> Tensor:
-    """The output (B', h, rows, d) of a block of queries from the exact summary ``W``
-    (made of :func:`_exact_key_features`) and its ``shifts``
-    (:func:`_exact_query_features`); differentiable in q, p, W and ``log_scale``
-    (autograd serves its backward pass)."""
+def _stream_columns(W: Tensor) -> List[Tensor]:
+    """The columns of W (..., 2d, d + 2) each stream uses: its numerators, then its
+    denominator (same-signed: ``:ceil(d/2)`` and ``d``; opposite: the rest and
+    ``d + 1``)."""
+    d = W.shape[-1] - 2
+    d1 = _value_split(d)
+    return [
+        torch.cat([W[..., :d1], W[..., d:d + 1]], dim=-1),
+        torch.cat([W[..., d1:d], W[..., d + 1:]], dim=-1)
+    ]
+
+
+def _exact_block(q: Tensor,
+                 p: Tensor,
+                 W: Tensor,
+                 shifts: Tensor,
+                 eps: EpsType,
+                 log_scale: Optional[Tensor],
+                 out: Optional[Tensor] = None,
+                 grad_out: Optional[Tensor] = None,
+                 g_q: Optional[Tensor] = None,
+                 g_W: Optional[Tensor] = None,
+                 g_p: Optional[Tensor] = None,
+                 g_log_scale: Optional[Tensor] = None) -> None:
+    """A block of queries (B', h, rows, d) in the exact scheme, against the exact
+    summary ``W`` (made of :func:`_exact_key_features`) and its ``shifts``: the output
+    into ``out``, or, given ``grad_out``, the backward pass: the gradient of q into
+    ``g_q``, those of W, p and ``log_scale`` added to ``g_W``, ``g_p`` and
+    ``g_log_scale``. Per stream as the shared scheme's blocks do for both at once."""
     d = q.shape[-1]
     d1 = _value_split(d)
-    outs = []
-    for stream, (planes, shift) in enumerate(_exact_query_features(q, p, shifts, log_scale)):
-        full = torch.matmul(planes[0], W[..., :d, :]) + torch.matmul(planes[1], W[..., d:, :])
+    backward = grad_out is not None
+    streams = _exact_query_features(q, p, shifts, log_scale, keep=backward)
+    if backward:
+        streams, scaled, inv_x = streams
+    prod = None
+    for stream, ((planes, shift), W_s) in enumerate(zip(streams, _stream_columns(W))):
+        width = W_s.shape[-1] - 1
+        full = _times_planes(planes, W_s)  # (..., rows, width + 1): numerators, denominator
+        inv_den = full[..., width:].add_(_exact_eps(eps, shift)).reciprocal_()
         columns = slice(0, d1) if stream == 0 else slice(d1, d)
-        den = full[..., d + stream:d + stream + 1]
-        outs.append(full[..., columns] / (den + _exact_eps(eps, shift)))
-    return torch.cat(outs, dim=-1)
-
-
-def _exact_query_grads(q: Tensor, p: Tensor, W: Tensor, shifts: Tensor, eps: EpsType,
-                       log_scale: Optional[Tensor], grad_out: Tensor, g_q: Tensor, g_W: Tensor,
-                       g_p: Tensor, g_log_scale: Optional[Tensor]) -> None:
-    """The backward pass of :func:`_exact_query_block` for one block: the gradient of q
-    into ``g_q``; those of W, p and ``log_scale`` added to ``g_W``, ``g_p`` and
-    ``g_log_scale``."""
-    leaves = [q.detach().requires_grad_(), p.detach().requires_grad_(), W.detach().requires_grad_()]
-    if log_scale is not None:
-        leaves.append(log_scale.detach().requires_grad_())
-    with torch.enable_grad():
-        out = _exact_query_block(leaves[0], leaves[1], leaves[2], shifts, eps,
-                                 leaves[3] if log_scale is not None else None)
-        grads = torch.autograd.grad(out, leaves, grad_out)
-    g_q.copy_(grads[0])
-    g_p.add_(grads[1])
-    g_W.add_(grads[2])
-    if log_scale is not None:
-        g_log_scale.add_(grads[3])
+        if not backward:
+            torch.mul(full[..., :width], inv_den, out=out[..., columns])
+            continue
+        # out = num z (z = 1 / den): dL/dnum = g z, dL/dden = -z sum(g z num)
+        g_full = full.new_empty(full.shape)
+        torch.mul(grad_out[..., columns], inv_den, out=g_full[..., :width])
+        g_num = full[..., :width].mul_(g_full[..., :width])
+        torch.sum(g_num, dim=-1, keepdim=True, out=g_full[..., width:])
+        g_full[..., width:].mul_(inv_den).neg_()
+        del g_num, full, inv_den
+        g_W_s = _planes_t_times(planes, g_full)
+        g_W[..., columns] += g_W_s[..., :width]
+        g_W[..., d + stream] += g_W_s[..., width]
+        for j in range(2):
+            planes[j].mul_(torch.matmul(g_full, W_s[..., j * d:(j + 1) * d, :].transpose(-2, -1)))
+        prod = planes if prod is None else prod.add_(planes)
+    if backward:
+        _feature_grads(prod, scaled, inv_x, p, g_q, g_p, g_log_scale)
 
 
 def _key_summary(k: Tensor, v: Tensor, features) -> Tensor:
@@ -670,9 +718,10 @@ class _PolaAttentionFunction(torch.autograd.Function):
     all keys of a (batch, head) by theirs) serves every block whose denominators stay
     above ``tiny * 2**50`` (:func:`_inexact`): for moderate inputs and exponents, all
     of them. A block below that (large ``alpha``, magnitudes far apart) is computed
-    with the exact scheme of :func:`_exact_query_block` instead, against a second key
-    summary made only then; the backward pass takes each block the way the forward
-    pass took it.
+    with the exact scheme of :func:`_exact_block` instead, against a second key
+    summary made only then, and so are the blocks after it; keys that the shared
+    shifts cannot carry at all (:func:`_beyond_shared_shifts`) send every block there
+    at once. The backward pass takes each block the way the forward pass took it.
     """
 
     @staticmethod
@@ -683,36 +732,42 @@ class _PolaAttentionFunction(torch.autograd.Function):
         p = pola_exponent(power, alpha)
         log_scale = None if scale is None else scale.log()
 
-        # Keys: [k+, k-]^T v and the feature sums, block by block.
-        shift_k = _key_shift(k, p, log_scale)
-        W = _key_summary(
-            k, v, lambda bs, ts: _scaled_features(
-                k[bs, :, ts], p, per_row=False, shift=shift_k[bs], log_scale=log_scale)[0])
+        # Keys: [k+, k-]^T v and the feature sums, block by block, with the shared
+        # shifts unless some channel and sign of keys lies wholly under their floor.
+        shifts = _exact_shifts(k, p, log_scale)
+        shift_k = _key_shift(shifts)
+        W_x = None  # the exact scheme's summary, made when a block first needs it
+        if _beyond_shared_shifts(shifts, shift_k):
+            W = shift_k.new_zeros(0)
+            W_x = _exact_summary(k, v, p, shifts, log_scale)
+        else:
+            W = _key_summary(
+                k, v, lambda bs, ts: _scaled_features(
+                    k[bs, :, ts], p, per_row=False, shift=shift_k[bs], log_scale=log_scale)[0])
 
         out = _output_like(q)
-        exact, exact_blocks = None, []
+        exact_blocks = []
         for i, (bs, ts) in enumerate(_blocks(q)):
             eps_b = _batch_rows(eps, bs, (B, h))
-            _, out_full, inv_den, _ = _query_block(
-                q[bs, :, ts], p, W[bs], eps_b, shift_k[bs], log_scale, keep=False)
             out_b = out[bs, :, ts]
-            if _inexact(inv_den):
-                if exact is None:
-                    exact = _exact_summary(k, v, p, log_scale)
-                out_b.copy_(
-                    _exact_query_block(q[bs, :, ts], p, exact[0][bs], exact[1][:, bs], eps_b,
-                                       log_scale))
-                exact_blocks.append(i)
-                continue
-            torch.mul(out_full[..., :d1], inv_den[..., :1], out=out_b[..., :d1])
-            torch.mul(out_full[..., d1:d], inv_den[..., 1:], out=out_b[..., d1:])
+            if W_x is None:  # the shared shifts, while every block so far kept its rows
+                _, out_full, inv_den, _ = _query_block(
+                    q[bs, :, ts], p, W[bs], eps_b, shift_k[bs], log_scale, keep=False)
+                if not _inexact(inv_den):
+                    torch.mul(out_full[..., :d1], inv_den[..., :1], out=out_b[..., :d1])
+                    torch.mul(out_full[..., d1:d], inv_den[..., 1:], out=out_b[..., d1:])
+                    continue
+                del out_full, inv_den
+                W_x = _exact_summary(k, v, p, shifts, log_scale)
+            _exact_block(q[bs, :, ts], p, W_x[bs], shifts[:, bs], eps_b, log_scale, out=out_b)
+            exact_blocks.append(i)
         ctx.alpha = alpha
         ctx.eps_is_tensor = isinstance(eps, Tensor)
         ctx.has_scale = scale is not None
         ctx.exact_blocks = exact_blocks
         saved = [q, k, v, power, W, shift_k]
-        if exact is not None:
-            saved += list(exact)
+        if exact_blocks:
+            saved += [W_x, shifts]
         if ctx.has_scale:
             saved.append(scale)
         if ctx.eps_is_tensor:
@@ -755,8 +810,18 @@ class _PolaAttentionFunction(torch.autograd.Function):
         for i, (bs, ts) in enumerate(_blocks(q)):
             eps_b = _batch_rows(eps, bs, (B, h))
             if i in exact_blocks:
-                _exact_query_grads(q[bs, :, ts], p, W_x[bs], shifts[:, bs], eps_b, log_scale,
-                                   grad_out[bs, :, ts], g_q[bs, :, ts], gW_x[bs], g_p, g_log_scale)
+                _exact_block(
+                    q[bs, :, ts],
+                    p,
+                    W_x[bs],
+                    shifts[:, bs],
+                    eps_b,
+                    log_scale,
+                    grad_out=grad_out[bs, :, ts],
+                    g_q=g_q[bs, :, ts],
+                    g_W=gW_x[bs],
+                    g_p=g_p,
+                    g_log_scale=g_log_scale)
                 continue
             fast_blocks += 1
             W_b = W[bs]
@@ -781,7 +846,10 @@ class _PolaAttentionFunction(torch.autograd.Function):
         # Keys, block by block: W holds [k+, k-]^T v / n and the key means, of the
         # shared shifts (fast blocks) and of the exact ones (exact blocks).
         g_k, g_v = _output_like(k), _output_like(v)
-        if fast_blocks or not exact_blocks:
+        if not fast_blocks and not exact_blocks:  # no query: the keys get 0
+            g_k.zero_()
+            g_v.zero_()
+        if fast_blocks:
 
             def shared(bs, ts):
                 kf, _, scaled, inv_x = _scaled_features(
@@ -810,13 +878,22 @@ class _PolaAttentionFunction(torch.autograd.Function):
         return g_q, g_k, g_v, g_power, None, None, g_scale
 
 
-def _exact_summary(k: Tensor, v: Tensor, p: Tensor,
-                   log_scale: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-    """The key summary of the exact scheme and its shifts (:func:`_exact_shifts`)."""
-    shifts = _exact_shifts(k, p, log_scale)
-    W = _key_summary(k, v,
-                     lambda bs, ts: _exact_key_features(k[bs, :, ts], p, shifts[:, bs], log_scale))
-    return W, shifts
+def _exact_summary(k: Tensor, v: Tensor, p: Tensor, shifts: Tensor,
+                   log_scale: Optional[Tensor]) -> Tensor:
+    """The key summary of the exact scheme, of its ``shifts`` (:func:`_exact_shifts`)."""
+    return _key_summary(
+        k, v, lambda bs, ts: _exact_key_features(k[bs, :, ts], p, shifts[:, bs], log_scale))
+
+
+def _beyond_shared_shifts(shifts: Tensor, shift_k: Tensor) -> bool:
+    """Whether the largest key feature of some channel and sign (``shifts``) lies under
+    the shared shifts' floor (:func:`_exp_floor`) below its (batch, head)'s ``M_k``: all
+    its features would be floored, and the rows that meet them lost. Then every block
+    takes the exact scheme at once (its test would only fail block after block, each
+    after a pass whose floored products run the slow path of the CPU's matrix
+    products)."""
+    present = shifts > -_absent(shifts.dtype) / 2
+    return bool((present & (shifts - shift_k < _exp_floor(shifts.dtype))).any())
 
 
 def _torch_path(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: float, eps: EpsType,

@@ -590,9 +590,11 @@ def test_fast_and_exact_blocks_in_one_call(monkeypatch):
     entry 0 of moderate magnitude, entry 1 with negative queries and keys whose negative
     values are 3e4 times weaker than the positive ones (the same-signed stream's terms
     all lie far below the shared shifts); small blocks, so that both kinds occur in one
-    call (and a scale)."""
+    call (and a scale). Keys that far apart send the whole call to the exact scheme at
+    once; here that shortcut is held off, so that the test of every block decides."""
     from polaformer_mm.ops import pola_attention as module
     monkeypatch.setattr(module, '_BLOCK_ELEMENTS', 64)
+    monkeypatch.setattr(module, '_beyond_shared_shifts', lambda *args: False)
     q, k, v, power = _inputs(B=2, h=2, N=30, n=20, d=4, seed=5)
     k[1] = torch.where(k[1] > 0, k[1] * 30, k[1] * 0.001)
     q[1] = -q[1].abs() * 30
@@ -696,3 +698,19 @@ def test_a_scale_that_is_not_positive_is_refused(bad):
         pola_linear_attention(q, k, v, power, scale=scale)
     with pytest.raises(ValueError, match='scale shape'):
         pola_linear_attention(q, k, v, power, scale=1.0)
+
+
+def test_keys_beyond_the_shared_range_take_the_exact_scheme_at_once(monkeypatch):
+    """A channel whose negative keys all lie under the shared shifts' floor: every block
+    is computed with the exact scheme without first trying the shared one."""
+    from polaformer_mm.ops import pola_attention as module
+    tested = []
+    inexact = module._inexact
+    monkeypatch.setattr(module, '_inexact', lambda inv_den: tested.append(1) or inexact(inv_den))
+    q, k, v, power = _moderate_inputs('plain', N=40, n=30, d=8)
+    k[..., 0] = torch.where(k[..., 0] > 0, k[..., 0] * 3, k[..., 0] * 1e-3)
+    out = pola_linear_attention(q, k, v, power, ALPHA_MAX)
+    assert not tested
+    assert (out.double() - _log_domain_reference(q, k, v, power, ALPHA_MAX)).abs().max() <= 1e-4
+    pola_linear_attention(q, k, v, power, 4.0)
+    assert tested  # at alpha 4 the same keys stay in range
