@@ -9,15 +9,23 @@ dataset, with counts and the first few file names:
 
 * COCO-style mmdet datasets (``CocoDataset`` and subclasses): images missing on disk,
   image entries without ``file_name`` / ``width`` / ``height``, annotations without
-  ``bbox`` / ``area`` / ``category_id``, empty segmentations where the pipeline loads
-  masks (errors: each would crash mmdet); images without annotations, degenerate boxes
-  and polygons (mmdet skips or ignores them), annotations of unknown images, classes
-  never seen or missing from the file's categories (warnings); a training set that
-  mmdet's ``filter_cfg`` leaves empty (error).
+  ``bbox`` / ``area`` / ``category_id``, boxes that are not four numbers and areas that
+  are not numbers, annotation ids used twice, empty segmentations where the pipeline
+  loads masks (errors: each would crash mmdet); image ids listed twice (pycocotools
+  keeps the last entry: one file trains with the other's boxes), boxes with NaN or
+  infinite values, category ids missing from the file's ``categories`` (mmdet drops
+  those objects silently) (errors: mmdet would mislabel); images without annotations,
+  files listed under two ids, degenerate boxes and polygons (mmdet skips or ignores
+  them), annotations of unknown images, classes never seen or missing from the file's
+  categories (warnings); crowd annotations and annotations of categories the config's
+  classes leave out (notes); a training set that mmdet's ``filter_cfg`` leaves empty, or
+  whose images hold no annotation mmdet trains on (all crowd, ignored, degenerate or of
+  other classes: the box and mask losses would be 0) (errors).
 * mmseg image / segmentation-map datasets (``BaseSegDataset`` and subclasses): no
-  images, images without a segmentation map (errors); in a sample of the maps, maps that
-  do not decode and labels outside the classes (errors), maps with only ignored pixels
-  and classes never seen (warnings).
+  images, images without a segmentation map (errors), images listed twice in the split
+  file (warning); in a sample of the maps, maps that do not decode and labels outside
+  the classes (errors), maps with only ignored pixels and classes never seen (warnings),
+  a training set whose every decoded map holds only ignored pixels (error).
 * other datasets (mmpretrain, ...): only that the annotation file / data folder exists.
 
 Cost, kept low enough for COCO (118k images, 860k annotations): the annotation JSON is
@@ -174,11 +182,7 @@ def _decode_coco(path: str):
     try:
         import msgspec
     except ImportError:
-        coco = json.loads(data)
-        if not isinstance(coco, dict):
-            raise ValueError('the top level is not a JSON object')
-        return (coco.get('images') or [], [_AnnView(a) for a in coco.get('annotations') or []],
-                coco.get('categories') or [], False)
+        return _decode_stdlib(data)
     from typing import Any, List
 
     class Annotation(msgspec.Struct, gc=False):
@@ -188,6 +192,7 @@ def _decode_coco(path: str):
         bbox: Any = _MISSING
         area: Any = _MISSING
         ignore: Any = False
+        iscrowd: Any = _MISSING
         segmentation: msgspec.Raw = _MISSING
 
     class Coco(msgspec.Struct):
@@ -198,8 +203,20 @@ def _decode_coco(path: str):
     try:
         coco = msgspec.json.decode(data, type=Coco)
     except msgspec.DecodeError as err:
+        if 'malformed' in str(err):
+            # NaN or Infinity, which Python's json (and so pycocotools) reads, or no JSON
+            # at all (json raises a ValueError)
+            return _decode_stdlib(data)
         raise ValueError(str(err)) from None
     return coco.images or [], coco.annotations or [], coco.categories or [], True
+
+
+def _decode_stdlib(data: bytes):
+    coco = json.loads(data)
+    if not isinstance(coco, dict):
+        raise ValueError('the top level is not a JSON object')
+    return (coco.get('images') or [], [_AnnView(a) for a in coco.get('annotations') or []],
+            coco.get('categories') or [], False)
 
 
 _EMPTY_RAW = {b'[]', b'{}', b'null', b'""', b'0', b'false'}
@@ -234,6 +251,68 @@ def _segmentation_state(seg, raw: bool) -> str:
     return 'ok'
 
 
+_NUMBER = (int, float)  # compared with type(): a bool in a box is no coordinate
+_BAD_SIZE = (None, None)  # an image whose width or height is not a number
+
+
+def _hashable(value) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _short(value, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + '...'
+
+
+def _check_images(report: DatasetReport, images: list) -> list:
+    """The image entries' own findings; returns the entries pycocotools can index (a
+    dict with a hashable ``id``)."""
+    images = [im for im in images if isinstance(im, dict)]
+    bad_entries = [
+        im.get('id', im.get('file_name')) for im in images
+        if not all(k in im for k in ('id', 'file_name', 'width', 'height'))
+    ]
+    if bad_entries:
+        report.add(
+            'error', "image entries without 'id', 'file_name', 'width' or 'height' "
+            '(mmdet stops with a KeyError), image ids', bad_entries)
+    images = [im for im in images if 'id' in im]
+    unhashable = [_short(im['id']) for im in images if not _hashable(im['id'])]
+    if unhashable:
+        report.add(
+            'error', 'image ids that are not numbers or strings (pycocotools indexes '
+            'images by id: TypeError)', unhashable)
+        images = [im for im in images if _hashable(im['id'])]
+    bad_size = [
+        f"{im.get('file_name')} (id {im['id']})" for im in images if any(
+            key in im and type(im[key]) not in _NUMBER for key in ('width', 'height'))
+    ]
+    if bad_size:
+        report.add('error', 'images whose width or height is not a number (mmdet stops with a '
+                   'TypeError)', bad_size)
+    counts = Counter(im['id'] for im in images)
+    if len(counts) < len(images):
+        files: Dict = {}
+        for im in images:
+            if counts[im['id']] > 1:
+                files.setdefault(im['id'], []).append(str(im.get('file_name')))
+        report.add(
+            'error', 'image ids listed more than once (pycocotools keeps the last entry '
+            'of an id: mmdet trains that file with the boxes of all its entries and never '
+            'sees the other files), ids', [f"{i} ({', '.join(f)})" for i, f in files.items()])
+    names = Counter(im.get('file_name') for im in images if 'file_name' in im)
+    twice = [name for name, count in names.items() if count > 1]
+    if twice:
+        report.add(
+            'warning', 'files listed more than once under different image ids (mmdet '
+            'uses each entry: the file is seen once per entry)', twice)
+    return images
+
+
 def check_coco(report: DatasetReport, ds_cfg: dict, cls, pipelines: Sequence,
                training: bool) -> None:
     """Fill ``report`` for an mmdet COCO-style dataset (see the module notes)."""
@@ -251,27 +330,28 @@ def check_coco(report: DatasetReport, ds_cfg: dict, cls, pipelines: Sequence,
         report.add('error', f'annotation file is not valid COCO JSON ({err})')
         return
     classes = _classes(ds_cfg, cls)
-    name_to_id = {c.get('name'): c.get('id') for c in cats if isinstance(c, dict)}
+    cats = [c for c in cats if isinstance(c, dict)]
+    bad_cats = [_short(c.get('id', c.get('name'))) for c in cats if not _hashable(c.get('id'))]
+    cats = [c for c in cats if _hashable(c.get('id')) and _hashable(c.get('name'))]
+    name_to_id = {c.get('name'): c.get('id') for c in cats}
     if classes is None:
         classes = list(name_to_id)
-    cat_ids = {name_to_id[n] for n in classes if n in name_to_id}
+    file_cat_ids = {c.get('id') for c in cats}
+    # pycocotools' get_cat_ids(cat_names=classes): the ids of the categories so named
+    wanted = set(classes)
+    cat_ids = {c.get('id') for c in cats if c.get('name') in wanted}
     report.summary = (f'{ds_cfg.get("type")}, {ann_file}: {len(images)} images, '
                       f'{len(anns)} annotations, {len(classes)} classes')
     if not images:
         report.add('error', 'the file lists no images')
         return
-
-    images = [im for im in images if isinstance(im, dict)]
-    bad_entries = [
-        im.get('id', im.get('file_name')) for im in images
-        if not all(k in im for k in ('id', 'file_name', 'width', 'height'))
-    ]
-    if bad_entries:
+    if bad_cats:
         report.add(
-            'error', "image entries without 'id', 'file_name', 'width' or 'height' "
-            '(mmdet stops with a KeyError), image ids', bad_entries)
-    images = [im for im in images if 'id' in im]
-    by_id = {im['id']: im for im in images}
+            'error', 'category ids that are not numbers or strings (pycocotools indexes '
+            'categories by id: TypeError)', bad_cats)
+
+    images = _check_images(report, images)
+    by_id = {im['id']: im for im in images}  # the last entry of an id, as pycocotools
 
     if _remote(ds_cfg):
         report.add('note', 'images on remote storage: not looked for')
@@ -286,41 +366,67 @@ def check_coco(report: DatasetReport, ds_cfg: dict, cls, pipelines: Sequence,
 
     masks = _loads_masks(list(ds_cfg.get('pipeline', []) or []) + list(pipelines))
     any_ann, cat_imgs, usable = set(), set(), Counter()
-    seen = Counter()
+    seen, excluded = Counter(), Counter()
     no_key = {k: [] for k in ('id', 'image_id', 'category_id', 'bbox', 'area')}
     orphans, degenerate, bad_polygons, empty_seg = [], [], [], []
+    bad_keys, not_numbers, not_finite, bad_area, unknown_cat, crowd = [], [], [], [], [], []
+    ann_ids = []
 
     def where(img, ann):
         return f"{img.get('file_name')} (annotation {_shown(ann.id)})"
 
-    sizes = {im['id']: (im.get('width', 0), im.get('height', 0)) for im in images}
+    sizes = {
+        im['id']: (im.get('width', 0), im.get('height', 0)) if all(
+            type(im.get(key, 0)) in _NUMBER for key in ('width', 'height')) else _BAD_SIZE
+        for im in images
+    }
     for ann in anns:
         img_id, cat_id = ann.image_id, ann.category_id
         if ann.id is _MISSING or img_id is _MISSING or cat_id is _MISSING:
             # pycocotools indexes every annotation by these three
             for key in ('id', 'image_id', 'category_id'):
                 if getattr(ann, key) is _MISSING:
-                    no_key[key].append(where(by_id.get(img_id, {}), ann))
+                    no_key[key].append(
+                        where(by_id.get(img_id, {}) if _hashable(img_id) else {}, ann))
             continue
-        size = sizes.get(img_id)
+        try:
+            size = sizes.get(img_id)
+            known = cat_id in file_cat_ids
+            hash(ann.id)
+        except TypeError:  # a list or an object: no dict key
+            bad_keys.append(_short(ann.id))
+            continue
+        ann_ids.append(ann.id)
         if size is None:
             orphans.append(ann.id)
             continue
         any_ann.add(img_id)
-        if cat_id in cat_ids:
+        if not known:
+            unknown_cat.append(f'{ann.id} (category_id {cat_id!r})')
+        elif cat_id in cat_ids:
             cat_imgs.add(img_id)
-        if ann.ignore and ann.ignore is not _MISSING:
+        else:
+            excluded[cat_id] += 1
+        if size is _BAD_SIZE or (ann.ignore and ann.ignore is not _MISSING):
             continue
         if ann.bbox is _MISSING:
             no_key['bbox'].append(where(by_id[img_id], ann))
             continue
         try:
             x1, y1, w, h = ann.bbox
-            inter_w = min(x1 + w, size[0]) - max(x1, 0)
-            inter_h = min(y1 + h, size[1]) - max(y1, 0)
-        except (TypeError, ValueError):
-            degenerate.append(where(by_id[img_id], ann))
+        except (TypeError, ValueError):  # mmdet's own unpacking fails the same way
+            not_numbers.append(f'{where(by_id[img_id], ann)} {_short(ann.bbox)}')
             continue
+        if not (type(x1) in _NUMBER and type(y1) in _NUMBER and type(w) in _NUMBER
+                and type(h) in _NUMBER):
+            not_numbers.append(f'{where(by_id[img_id], ann)} {_short(ann.bbox)}')
+            continue
+        total = x1 + y1 + w + h
+        if total - total != 0:  # NaN or infinite
+            not_finite.append(f'{where(by_id[img_id], ann)} {_short(ann.bbox)}')
+            continue
+        inter_w = min(x1 + w, size[0]) - max(x1, 0)
+        inter_h = min(y1 + h, size[1]) - max(y1, 0)
         if inter_w <= 0 or inter_h <= 0:
             degenerate.append(where(by_id[img_id], ann))
             continue
@@ -328,24 +434,61 @@ def check_coco(report: DatasetReport, ds_cfg: dict, cls, pipelines: Sequence,
         if area is _MISSING:
             no_key['area'].append(where(by_id[img_id], ann))
             continue
+        if type(area) not in _NUMBER:
+            bad_area.append(f'{where(by_id[img_id], ann)} {_short(area)}')
+            continue
         if area <= 0 or w < 1 or h < 1:
             degenerate.append(where(by_id[img_id], ann))
             continue
         if cat_id not in cat_ids:
             continue
-        seen[cat_id] += 1
-        usable[img_id] += 1
         if masks:
             state = _segmentation_state(ann.segmentation, raw)
             if state == 'empty':
                 empty_seg.append(where(by_id[img_id], ann))
             elif state == 'invalid':
                 bad_polygons.append(where(by_id[img_id], ann))
+        if ann.iscrowd and ann.iscrowd is not _MISSING:  # mmdet: ignore_flag = 1
+            crowd.append(where(by_id[img_id], ann))
+            continue
+        seen[cat_id] += 1
+        usable[img_id] += 1
 
     for key, where in no_key.items():
         if where:
             report.add('error', f"annotations without '{key}' (mmdet stops with KeyError: "
                        f"'{key}')", where)
+    if bad_keys:
+        report.add(
+            'error', 'annotations whose id, image_id or category_id is not a number or '
+            'string (pycocotools indexes annotations by them: TypeError), ids', bad_keys)
+    id_counts = Counter(ann_ids)
+    if len(id_counts) < len(ann_ids):
+        twice = [i for i, count in id_counts.items() if count > 1]
+        if getattr(cls, 'ANN_ID_UNIQUE', True):
+            report.add(
+                'error', 'annotation ids used more than once (mmdet stops with '
+                '"AssertionError: Annotation ids ... are not unique"), ids', twice)
+        else:
+            report.add(
+                'warning', 'annotation ids used more than once (pycocotools returns the '
+                'last annotation of an id for each of them), ids', twice)
+    if not_numbers:
+        report.add(
+            'error', 'bboxes that are not 4 numbers [x, y, w, h] (mmdet stops with a '
+            'TypeError or ValueError)', not_numbers)
+    if not_finite:
+        report.add(
+            'error', 'bboxes with NaN or infinite values (mmdet drops NaN boxes silently '
+            'and trains on infinite ones)', not_finite)
+    if bad_area:
+        report.add('error', "annotations whose 'area' is not a number (mmdet stops with a "
+                   'TypeError)', bad_area)
+    if unknown_cat:
+        report.add(
+            'error', "annotations whose category_id is not among the file's categories "
+            '(mmdet drops them silently: those objects would train as background), '
+            'annotation ids', unknown_cat)
     if empty_seg:
         report.add(
             'error', 'annotations with an empty or missing segmentation while the '
@@ -372,13 +515,23 @@ def check_coco(report: DatasetReport, ds_cfg: dict, cls, pipelines: Sequence,
     never = [n for n in classes if n in name_to_id and not seen[name_to_id[n]]]
     if never:
         report.add('warning', 'classes never seen (no usable annotation)', never)
+    if excluded:
+        id_to_name = {c.get('id'): c.get('name') for c in cats}
+        report.add(
+            'note', "annotations of categories outside the config's classes (mmdet "
+            'leaves them out, as the classes say)',
+            [f'{id_to_name.get(i)!s} ({count})' for i, count in excluded.most_common()],
+            total=sum(excluded.values()))
+    if crowd:
+        report.add('note', 'crowd annotations (iscrowd; mmdet ignores them in training)', crowd)
 
     if training:
         filter_cfg = ds_cfg.get('filter_cfg') or {}
         kept = [
             im for im in images
             if (not filter_cfg.get('filter_empty_gt', False) or im['id'] in cat_imgs)
-            and min(im.get('width', 0), im.get('height', 0)) >= filter_cfg.get('min_size', 0)
+            and sizes[im['id']] is not _BAD_SIZE
+            and min(sizes[im['id']]) >= filter_cfg.get('min_size', 0)
         ]
         if not kept:
             report.add(
@@ -387,8 +540,9 @@ def check_coco(report: DatasetReport, ds_cfg: dict, cls, pipelines: Sequence,
                 'mmdet would stop with "need at least one array to concatenate"')
         elif not any(usable[im['id']] for im in kept):
             report.add(
-                'error', 'no training image has a usable annotation (every box is '
-                'degenerate or of another class)')
+                'error', 'no training image has an annotation mmdet trains on (every one '
+                'is a crowd region (iscrowd), ignored, degenerate or of another class): '
+                'the box and mask losses would be 0')
 
 
 def _shown(value):
@@ -412,8 +566,10 @@ def _seg_defaults(cls) -> dict:
 def check_segmentation(report: DatasetReport,
                        ds_cfg: dict,
                        cls,
-                       seg_sample: Optional[int] = 64) -> None:
-    """Fill ``report`` for an mmseg image / segmentation-map dataset."""
+                       seg_sample: Optional[int] = 64,
+                       training: bool = False) -> None:
+    """Fill ``report`` for an mmseg image / segmentation-map dataset (``training``: the
+    training set, which must hold a pixel to learn from)."""
     import cv2
     import numpy as np
     given = {k: v for k, v in ds_cfg.items() if k in _SEG_DATASET_KEYS}
@@ -437,6 +593,11 @@ def check_segmentation(report: DatasetReport,
             return
         with open(ann_file) as f:
             names = [line.strip() + img_suffix for line in f if line.strip()]
+        twice = [name for name, count in Counter(names).items() if count > 1]
+        if twice:
+            report.add(
+                'warning', f'images listed more than once in {ann_file} (mmseg uses each '
+                'line: the image is seen once per line)', twice)
         listing = _Listing()
         missing = [n for n in names if not listing.exists(osp.join(img_dir, n))]
         if missing:
@@ -506,7 +667,13 @@ def check_segmentation(report: DatasetReport,
         report.add(
             'error', f'labels outside 0..{len(classes) - 1} (and ignore {ignore})'
             f'{sampled}; wrong classes or reduce_zero_label?', out_of_range)
-    if only_ignored:
+    decoded = len(present) - len(unreadable)
+    if training and decoded and len(only_ignored) == decoded:
+        report.add(
+            'error', f'every decoded map{sampled} holds only ignored pixels (ignore_index '
+            f'{ignore}): the training set has no pixel to learn from and the decode loss '
+            'would be 0; wrong ignore_index or reduce_zero_label?', only_ignored)
+    elif only_ignored:
         report.add('warning', f'maps with only ignored pixels{sampled}', only_ignored)
     if classes is not None:
         never = [c for i, c in enumerate(classes) if not seen[i]]
@@ -581,7 +748,7 @@ def check_datasets(
                         ds_cfg.get('ann_file', '')).endswith('.json'):
                     check_coco(report, ds_cfg, cls, pipelines, training=split == 'train')
                 elif scope == 'mmseg' and cls is not None and _is_seg(cls):
-                    check_segmentation(report, ds_cfg, cls, seg_sample)
+                    check_segmentation(report, ds_cfg, cls, seg_sample, training=split == 'train')
                 else:
                     check_other(report, ds_cfg)
             finally:

@@ -142,11 +142,13 @@ def _query_features(q, p, TINY: tl.constexpr):
 
 @_autotune
 @triton.jit
-def _query_forward_kernel(Q, W, P, EPS, KMAX, OUT, stride_qb, stride_qh, stride_qn, stride_qd,
-                          stride_ob, stride_oh, stride_on, stride_od, H, N, d, d1, rows_per_split,
-                          BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-                          TINY: tl.constexpr):
-    """Blocks of queries: features in registers, times W, divided per stream."""
+def _query_forward_kernel(Q, W, P, EPS, KMAX, OUT, WORST, stride_qb, stride_qh, stride_qn,
+                          stride_qd, stride_ob, stride_oh, stride_on, stride_od, H, N, d, d1,
+                          rows_per_split, n_splits, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                          PRECISION: tl.constexpr, TINY: tl.constexpr):
+    """Blocks of queries: features in registers, times W, divided per stream. WORST gets
+    per (batch*head, split) the largest reciprocal denominator of its rows, which tells
+    the caller whether the shared shifts carried them."""
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
@@ -162,11 +164,13 @@ def _query_forward_kernel(Q, W, P, EPS, KMAX, OUT, stride_qb, stride_qh, stride_
     q_base = Q + b * stride_qb + hh * stride_qh
     out_base = OUT + b * stride_ob + hh * stride_oh
 
+    worst = tl.max(tl.zeros([BLOCK_N], dtype=tl.float32), axis=0)
     start = pid_s * rows_per_split
     end = tl.minimum(start + rows_per_split, N)
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask = (offs_n < end)[:, None] & d_mask[None, :]
+        rows = offs_n < end
+        mask = rows[:, None] & d_mask[None, :]
         q = _load_block(q_base, offs_n, offs_d, stride_qn, stride_qd, mask)
         q_pos, q_neg, shift, _ = _query_features(q, p, TINY)
         num = tl.dot(q_pos, w_pos, input_precision=PRECISION)
@@ -176,8 +180,10 @@ def _query_forward_kernel(Q, W, P, EPS, KMAX, OUT, stride_qb, stride_qh, stride_
         eps_scaled = _scaled_eps(eps, shift, k_shift, TINY)
         inv_s = 1. / (den_s + eps_scaled)
         inv_o = 1. / (den_o + eps_scaled)
+        worst = tl.maximum(worst, tl.max(tl.where(rows, tl.maximum(inv_s, inv_o), 0.), axis=0))
         out = num * tl.where(first, inv_s[:, None], inv_o[:, None])
         _store_block(out_base, out, offs_n, offs_d, stride_on, stride_od, mask)
+    tl.store(WORST + pid_bh * n_splits + pid_s, worst)
 
 
 @_autotune

@@ -15,11 +15,13 @@ computes without forming any weights, written out for ``m`` queries only: the co
 O(m n d) time and O(m n) memory, never N x n for all queries at once.
 
 Overflow. ``relu(x) ** p`` with p up to ``1 + alpha`` grows quickly, and a score is a sum
-of products of two such features. The features are therefore the op's rescaled ones
-(every query row divided by its largest feature, every head's keys by theirs, formed in
-the log domain). A row's weights are unchanged by a common positive factor of its scores
-except through the ``n * eps`` term, which is rescaled by exactly the same factors, as
-the op does, so the result equals the unscaled formula.
+of products of two such features. The features are therefore those of the op's exact
+scheme, formed in the log domain: the keys of each channel and sign divided by their
+largest feature, each query row, per stream, by the largest feature it meets there, so
+that the largest term of every row is 1 whatever ``alpha`` and the magnitudes. A row's
+weights are unchanged by a common positive factor of its scores except through the
+``n * eps`` term, which is rescaled by exactly the same factor, as the op does, so the
+result equals the unscaled formula.
 
 Rows sum to ``S / (S + n * eps)`` with ``S`` the row's unnormalised score sum, i.e. to 1
 up to ``n * eps / S``; :func:`attention_entropy` renormalises each row to sum to 1.
@@ -29,7 +31,8 @@ from typing import Tuple, Union
 import torch
 from torch import Tensor
 
-from .pola_attention import _scaled_eps, _scaled_features, check_alpha, pola_exponent
+from .pola_attention import (_exact_eps, _exact_key_features, _exact_query_features, _exact_shifts,
+                             check_alpha, pola_exponent)
 
 __all__ = ['pola_attention_weights', 'attention_entropy']
 
@@ -77,22 +80,20 @@ def pola_attention_weights(q_rows: Tensor,
         raise ValueError(f'power shape {tuple(power.shape)} must broadcast to '
                          f'(1,{h},1,{d})')
 
-    # the op's rescaled features: [q+, q-] * exp(-M_q) per row, [k+, k-] * exp(-M_k)
-    # per head, and its eps in the same units
-    with torch.no_grad():
-        q_planes, shift_q = _scaled_features(q_rows, exponent, per_row=True)
-        k_planes, shift_k = _scaled_features(k, exponent, per_row=False)
-    q_same = torch.cat([q_planes[0], q_planes[1]], dim=-1)  # (B,h,m,2d)
-    q_opposite = torch.cat([q_planes[1], q_planes[0]], dim=-1)
-    keys = torch.cat([k_planes[0], k_planes[1]], dim=-1).transpose(-2, -1)  # (B,h,2d,n)
+    # the op's exact scheme: key features shifted per channel and sign, query features
+    # per row and stream, and eps in the same units
     if torch.is_tensor(eps):
         eps = eps.detach().to(device=q_rows.device, dtype=dtype)
-    eps_term = n * _scaled_eps(eps, shift_q, shift_k)  # (B,h,m,1)
-
-    weights = []
-    for queries in (q_same, q_opposite):
-        scores = torch.matmul(queries, keys)  # (B,h,m,n), >= 0
-        weights.append(scores / (scores.sum(dim=-1, keepdim=True) + eps_term))
+    with torch.no_grad():
+        shifts = _exact_shifts(k, exponent, None)
+        k_planes = _exact_key_features(k, exponent, shifts, None).transpose(-2, -1)  # (2,B,h,d,n)
+        weights = []
+        for stream, (q_planes,
+                     shift) in enumerate(_exact_query_features(q_rows, exponent, shifts, None)):
+            same, other = (0, 1) if stream == 0 else (1, 0)
+            scores = (torch.matmul(q_planes[0], k_planes[same])
+                      + torch.matmul(q_planes[1], k_planes[other]))  # (B,h,m,n), >= 0
+            weights.append(scores / (scores.sum(dim=-1, keepdim=True) + n * _exact_eps(eps, shift)))
     return weights[0], weights[1]
 
 

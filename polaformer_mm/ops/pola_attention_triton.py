@@ -8,6 +8,13 @@ per stream. Backward: one pass over the queries (gradient of q, partial gradient
 and of the exponent), then one pass over the keys (gradients of k and v). Saved for the
 backward pass: q, k, v, ``power``, ``W``, the key shift and ``eps`` per (batch, head).
 
+The kernels use the shared shifts of the torch path (one per query row, one for the keys
+of a (batch, head)). The query pass reports per split its largest reciprocal
+denominator; where one is past the bound at which those shifts may lose a row
+(``polaformer_mm.ops.pola_attention``, "Exponent range"), the call is computed by the
+torch path, whose exact scheme takes such blocks (one flag read back per call).
+Calls without queries take the torch path too.
+
 Storage may be float32, float16 or bfloat16 (any strides); the arithmetic is float32.
 The float32 matrix products follow ``torch.backends.cuda.matmul.allow_tf32`` (IEEE by
 default, as torch's). Install with ``pip install polaformer_mm[triton]``. With
@@ -21,7 +28,8 @@ import torch
 from torch import Tensor
 
 from ..utils.compat import triton_status
-from .pola_attention import EpsType, _assemble_summary, _summary_grads, _value_split, pola_exponent
+from .pola_attention import (EpsType, _assemble_summary, _inexact, _summary_grads, _torch_backend,
+                             _value_split, pola_exponent)
 
 # Triton is optional, and the kernels need 3.0+: with an older Triton, or one that fails to
 # import for any reason, they are unavailable and `backend='auto'` takes the torch path.
@@ -135,16 +143,18 @@ class _PolaAttentionTriton(torch.autograd.Function):
 
         out = torch.empty_like(q)
         rows, splits = _splits(N, bh, device)
-        _kernels._query_forward_kernel[(bh, splits)](q, W, p, eps_bh, k_shift, out,
+        worst = torch.empty(bh, splits, dtype=torch.float32, device=device)
+        _kernels._query_forward_kernel[(bh, splits)](q, W, p, eps_bh, k_shift, out, worst,
                                                      *q.stride(), *out.stride(), h, N, d,
-                                                     _value_split(d), rows, **meta)
+                                                     _value_split(d), rows, splits, **meta)
         ctx.alpha = alpha
         ctx.save_for_backward(q, k, v, power, W, k_shift, eps_bh)
-        return out
+        ctx.mark_non_differentiable(worst)
+        return out, worst
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out: Tensor):
+    def backward(ctx, grad_out: Tensor, grad_worst: Tensor):
         q, k, v, power, W, k_shift, eps_bh = ctx.saved_tensors
         B, h, N, d = q.shape
         n = k.shape[2]
@@ -211,5 +221,12 @@ def pola_linear_attention_triton(q: Tensor, k: Tensor, v: Tensor, power: Tensor,
         if t.device != q.device:
             raise ValueError(f'pola_linear_attention: {name} is on {t.device}, q on '
                              f'{q.device}')
+    if q.shape[0] == 0 or q.shape[2] == 0:  # no query: nothing to launch
+        return _torch_backend(q, k, v, power, alpha, eps, None)
     with torch.autocast(q.device.type, enabled=False):
-        return _PolaAttentionTriton.apply(q, k, v, power, alpha, eps)
+        out, worst = _PolaAttentionTriton.apply(q, k, v, power, alpha, eps)
+    if _inexact(worst):
+        # some rows lie far below the shared shifts (large alpha, magnitudes far
+        # apart): the torch path, whose exact scheme takes such blocks
+        return _torch_backend(q, k, v, power, alpha, eps, None)
+    return out

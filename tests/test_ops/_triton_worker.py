@@ -27,7 +27,12 @@ CASES = {
     'strided_layout': (2, 3, 25, 25, 32, 'float32', 'strided'),
     'float16_storage': (2, 2, 37, 29, 32, 'float16', ''),
     'bfloat16_storage': (2, 2, 37, 29, 64, 'bfloat16', ''),
+    'largest_alpha_one_sign_keys': (2, 2, 40, 30, 32, 'float32', 'one_sign'),
+    'no_queries': (2, 2, 0, 30, 32, 'float32', ''),
 }
+
+#: alpha per kind of case (default 4)
+ALPHAS = {'one_sign': 100.0}
 
 
 def _case_inputs(B, h, N, n, d, dtype, what):
@@ -52,6 +57,9 @@ def _case_inputs(B, h, N, n, d, dtype, what):
         power = torch.full_like(power, 10.)
         q[..., 0, 1:] = 0
         k[..., 0] = 0
+    elif what == 'one_sign':  # negative queries, keys of that sign far weaker: the
+        q = -q.abs() * 3  # same-signed stream lies far below the shared shifts
+        k = torch.where(k > 0, k * 3, k * 0.03)
     elif what == 'zeros':
         q[..., ::3] = 0
         q[:, :, 0] = 0
@@ -65,12 +73,12 @@ def _case_inputs(B, h, N, n, d, dtype, what):
     return [t.to(dt) for t in (q, k, v)] + [power], eps
 
 
-def _run(q, k, v, power, eps, grad, backend):
+def _run(q, k, v, power, eps, grad, backend, alpha=4.0):
     from polaformer_mm.ops import pola_linear_attention
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, power)]
-    out = pola_linear_attention(*leaves, eps=eps, backend=backend)
+    out = pola_linear_attention(*leaves, alpha=alpha, eps=eps, backend=backend)
     out.backward(grad)
-    return [out] + [t.grad for t in leaves]
+    return [out] + [torch.zeros_like(t) if t.grad is None else t.grad for t in leaves]
 
 
 def run_case(B, h, N, n, d, dtype, what):
@@ -79,8 +87,9 @@ def run_case(B, h, N, n, d, dtype, what):
     grad = torch.randn(q.shape, generator=g).to(q.dtype)
     if what == 'strided':
         grad = grad.transpose(1, 2).contiguous().transpose(1, 2)
-    tri = _run(q, k, v, power, eps, grad, 'triton')
-    ref = _run(q, k, v, power, eps, grad, 'torch')
+    alpha = ALPHAS.get(what, 4.0)
+    tri = _run(q, k, v, power, eps, grad, 'triton', alpha)
+    ref = _run(q, k, v, power, eps, grad, 'torch', alpha)
     names = ['out', 'q', 'k', 'v', 'power']
     result = {
         'dtype': str(tri[0].dtype),
@@ -90,9 +99,18 @@ def run_case(B, h, N, n, d, dtype, what):
     for name, a, b in zip(names, tri, ref):
         a, b = a.double(), b.double()
         result[name] = {
+            'shape': list(a.shape),
             'finite': bool(torch.isfinite(a).all()),
-            'rel_err': float((a - b).abs().max() / b.abs().max().clamp_min(1e-30)),
+            'rel_err': float(
+                (a - b).abs().max() / b.abs().max().clamp_min(1e-30)) if a.numel() else 0.0,
+            'max_abs': float(a.abs().max()) if a.numel() else 0.0,
         }
+    if what == 'one_sign':  # the kernels' forward says so, and the result is exact
+        from polaformer_mm.ops import pola_attention_triton
+        _, worst = pola_attention_triton._PolaAttentionTriton.apply(q, k, v, power, alpha, eps)
+        result['shared_shifts_lose_rows'] = pola_attention_triton._inexact(worst)
+        exact = _run(*(t.double() for t in (q, k, v, power)), eps, grad.double(), 'torch', alpha)[0]
+        result['exact_abs_err'] = float((tri[0].double() - exact).abs().max())
     if what == 'padded':  # and the torch path on the real keys alone
         real = []
         for b_ in range(B):
@@ -127,7 +145,7 @@ def lower_for_sm90():
         '_key_summary_kernel':
         dict(K='x', V='x', P='f', KV='f', KMEAN='f', KMAX='f'),
         '_query_forward_kernel':
-        dict(Q='x', W='f', P='f', EPS='f', KMAX='f', OUT='x'),
+        dict(Q='x', W='f', P='f', EPS='f', KMAX='f', OUT='x', WORST='f'),
         '_query_backward_kernel':
         dict(Q='x', GO='x', W='f', P='f', EPS='f', KMAX='f', GQ='x', GW='f', GP='f'),
         '_key_backward_kernel':

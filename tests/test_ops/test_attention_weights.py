@@ -162,3 +162,17 @@ def test_bad_shapes_are_named():
         pola_attention_weights(q, k[:, :, :0], power)
     with pytest.raises(ValueError, match='power shape'):
         pola_attention_weights(q, k, power[..., :3])
+
+
+def test_exact_at_the_largest_alpha():
+    """alpha = ALPHA_MAX with keys of one sign far stronger than the other: the weights
+    (float32) times the value halves give the exact (log-domain float64) output."""
+    from polaformer_mm.ops import ALPHA_MAX
+    from .test_pola_attention import _log_domain_reference
+    q, k, power = _inputs(N=12, n=20, d=8, dtype=torch.float32, seed=4, scale=3.)
+    k = torch.where(k > 0, k, k * 0.01)
+    v = torch.randn(k.shape)
+    w_sim, w_opp = pola_attention_weights(q, k, power, ALPHA_MAX)
+    out = torch.cat([w_sim @ v[..., :4], w_opp @ v[..., 4:]], dim=-1)
+    exact = _log_domain_reference(q, k, v, power, ALPHA_MAX)
+    assert (out.double() - exact).abs().max() <= 1e-4

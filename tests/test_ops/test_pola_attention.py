@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from polaformer_mm.ops import (pola_linear_attention, pola_linear_attention_naive,
+from polaformer_mm.ops import (ALPHA_MAX, pola_linear_attention, pola_linear_attention_naive,
                                pola_linear_attention_reference, polarity_features,
                                set_default_backend)
 
@@ -496,3 +496,221 @@ def test_blocks_give_the_result_of_the_whole(monkeypatch, shape, block):
     assert out.stride() == q.stride()
     for name, g, g_ref in zip('q k v power scale'.split(), grads, expected):
         torch.testing.assert_close(g, g_ref, rtol=1e-9, atol=1e-9, msg=name)
+
+
+# --- every alpha the op takes: exact, or refused ----------------------------------------
+
+
+def _log_domain_reference(q, k, v, power, alpha, eps=1e-6):
+    """The op's formula in float64 with every score in the log domain: for each (query,
+    key) pair the log of sum_j q_j^p k_j^p over the pairs of channels of one stream's
+    signs (a log-sum-exp over the channels), and the normalised weights from a
+    log-sum-exp over the keys and ``n * eps``. No power is ever formed, so nothing
+    overflows or underflows whatever alpha: exact to float64 rounding (the powers of
+    :func:`pola_linear_attention_reference` overflow float64 once p log|x| > 709)."""
+    q, k, v, power = (t.double() for t in (q, k, v, power))
+    n, d = k.shape[-2], q.shape[-1]
+    d1 = (d + 1) // 2
+    p = (1 + alpha * torch.sigmoid(power)).unsqueeze(-2)  # (1, h, 1, 1, d)
+    terms = p * (q.abs().log().unsqueeze(-2) + k.abs().log().unsqueeze(-3))  # (B,h,N,n,d)
+    signs = q.sign().unsqueeze(-2) * k.sign().unsqueeze(-3)
+    eps = torch.as_tensor(eps, dtype=torch.float64).expand(q.shape[0], q.shape[1], 1, 1)
+    log_eps = torch.log(n * eps).expand(*q.shape[:3], 1)
+    outs = []
+    for sign, values in ((1, v[..., :d1]), (-1, v[..., d1:])):
+        log_scores = torch.where(signs == sign, terms, -math.inf).logsumexp(dim=-1)  # (B,h,N,n)
+        log_total = torch.cat([log_scores, log_eps], dim=-1).logsumexp(dim=-1, keepdim=True)
+        outs.append(torch.exp(log_scores - log_total) @ values)
+    return torch.cat(outs, dim=-1)
+
+
+def test_log_domain_reference_is_the_reference():
+    """Where the powers of the explicit-weights reference do not overflow, both agree."""
+    q, k, v, power = _inputs(N=13, n=11, d=6)
+    eps = torch.rand(2, 3, 1, 1, dtype=torch.float64) * 0.1 + 1e-3
+    for alpha in (4.0, 30.0):
+        torch.testing.assert_close(
+            _log_domain_reference(q, k, v, power, alpha, eps),
+            pola_linear_attention_reference(q, k, v, power, alpha, eps),
+            rtol=1e-11,
+            atol=1e-12)
+
+
+def _moderate_inputs(kind, B=2, h=2, N=64, n=48, d=16, seed=0):
+    """Queries and keys as a trained model gives them (magnitudes 0.1 to 10): plain,
+    small, large, and keys of one sign far stronger than the other (a channel's
+    positive keys up to 4, its negative ones under 0.3)."""
+    q, k, v, power = _inputs(B, h, N, n, d, dtype=torch.float32, seed=seed)
+    if kind == 'small':
+        q, k = q * 0.3, k * 0.3
+    elif kind == 'large':
+        q, k = q * 3, k * 3
+    elif kind == 'one_sign_keys':
+        k = torch.where(k > 0, k * 2, k * 0.1)
+    return q, k, v, power
+
+
+@pytest.mark.parametrize('kind', ['plain', 'small', 'large', 'one_sign_keys'])
+@pytest.mark.parametrize('alpha', [4.0, 20.0, 50.0, ALPHA_MAX])
+def test_float32_within_1e_4_of_the_exact_result_for_every_alpha_it_takes(alpha, kind):
+    """The shared shifts of the features (largest of each query row, largest of each
+    (batch, head)'s keys) floor whole streams once alpha times the spread of log|x|
+    passes float32's exponent range; those blocks take the exact scheme."""
+    q, k, v, power = _moderate_inputs(kind)
+    exact = _log_domain_reference(q, k, v, power, alpha)
+    out = pola_linear_attention(q, k, v, power, alpha)
+    assert (out.double() - exact).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize('alpha', [50.0, ALPHA_MAX])
+def test_float32_gradients_at_large_alpha(alpha):
+    q, k, v, power = _moderate_inputs('plain', N=24, n=20, d=8)
+    weights = torch.randn(q.shape, dtype=torch.float64)
+    _, grads = _grads(pola_linear_attention, (q, k, v, power), weights.float(), alpha=alpha)
+    ref_inputs = [t.double() for t in (q, k, v, power)]
+    _, expected = _grads(_log_domain_reference, ref_inputs, weights, alpha=alpha)
+    for name, g, g_ref in zip('q k v power'.split(), grads, expected):
+        assert torch.isfinite(g).all(), name
+        scale = g_ref.abs().max().item()
+        torch.testing.assert_close(g.double(), g_ref, rtol=1e-3, atol=1e-3 * scale, msg=name)
+
+
+def test_float64_exact_at_the_bound():
+    q, k, v, power = (t.double() for t in _moderate_inputs('large', N=20, n=16, d=8))
+    weights = torch.randn(q.shape, dtype=torch.float64)
+    out, grads = _grads(pola_linear_attention, (q, k, v, power), weights, alpha=ALPHA_MAX)
+    ref, expected = _grads(_log_domain_reference, (q, k, v, power), weights, alpha=ALPHA_MAX)
+    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
+    for name, g, g_ref in zip('q k v power'.split(), grads, expected):
+        torch.testing.assert_close(g, g_ref, rtol=1e-6, atol=1e-6 * g_ref.abs().max(), msg=name)
+
+
+def test_fast_and_exact_blocks_in_one_call(monkeypatch):
+    """Blocks take the scheme their values need, forward and backward alike: batch
+    entry 0 of moderate magnitude, entry 1 with negative queries and keys whose negative
+    values are 3e4 times weaker than the positive ones (the same-signed stream's terms
+    all lie far below the shared shifts); small blocks, so that both kinds occur in one
+    call (and a scale). Keys that far apart send the whole call to the exact scheme at
+    once; here that shortcut is held off, so that the test of every block decides."""
+    from polaformer_mm.ops import pola_attention as module
+    monkeypatch.setattr(module, '_BLOCK_ELEMENTS', 64)
+    monkeypatch.setattr(module, '_beyond_shared_shifts', lambda *args: False)
+    q, k, v, power = _inputs(B=2, h=2, N=30, n=20, d=4, seed=5)
+    k[1] = torch.where(k[1] > 0, k[1] * 30, k[1] * 0.001)
+    q[1] = -q[1].abs() * 30
+    power = 3 + 0.1 * power  # exponents near 96
+    s = torch.nn.functional.softplus(torch.randn(1, 2, 1, 4, dtype=torch.float64))
+    decisions = []
+    inexact = module._inexact
+
+    def recording(inv_den):
+        decisions.append(inexact(inv_den))
+        return decisions[-1]
+
+    monkeypatch.setattr(module, '_inexact', recording)
+    weights = torch.randn(q.shape, dtype=torch.float64)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, power, s)]
+    out = pola_linear_attention(*leaves[:4], alpha=100.0, eps=1e-3, scale=leaves[4])
+    grads = torch.autograd.grad((out * weights).sum(), leaves)
+    assert True in decisions and False in decisions, decisions
+    ref_leaves = [t.clone().requires_grad_() for t in (q, k, v, power, s)]
+    q_, k_, v_, p_, s_ = ref_leaves
+    ref = _log_domain_reference(q_ / s_, k_ / s_, v_, p_, 100.0, eps=1e-3)
+    expected = torch.autograd.grad((ref * weights).sum(), ref_leaves)
+    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
+    for name, g, g_ref in zip('q k v power scale'.split(), grads, expected):
+        torch.testing.assert_close(g, g_ref, rtol=1e-7, atol=1e-7 * g_ref.abs().max(), msg=name)
+
+
+@pytest.mark.parametrize('alpha', [ALPHA_MAX * 1.001, 1e6])
+@pytest.mark.parametrize('fn', IMPLS + [pola_linear_attention_reference])
+def test_alpha_beyond_the_bound_is_refused_with_the_reason(fn, alpha):
+    q, k, v, power = _inputs(N=4, n=3, d=4)
+    with pytest.raises(
+            ValueError, match=f'alpha must be at most {ALPHA_MAX:g}; .*float32 rounding of log'):
+        fn(q, k, v, power, alpha=alpha)
+
+
+def test_a_module_with_alpha_beyond_the_bound_is_refused_when_built():
+    from polaformer_mm.models import PolaLinearAttention
+    PolaLinearAttention(32, num_heads=2, pos_grid=(4, 4), alpha=ALPHA_MAX)
+    with pytest.raises(ValueError, match=f'alpha must be at most {ALPHA_MAX:g}'):
+        PolaLinearAttention(32, num_heads=2, pos_grid=(4, 4), alpha=2 * ALPHA_MAX)
+
+
+# --- the other arguments: a named error or a defined result -----------------------------
+
+
+@pytest.mark.parametrize('fn', IMPLS + [pola_linear_attention_reference])
+@pytest.mark.parametrize('B, N', [(0, 5), (2, 0), (0, 0)])
+def test_no_queries_give_an_empty_output_forward_and_backward(fn, B, N):
+    _, k, v, power = _inputs(B=max(B, 1), h=2, N=1, n=4, d=6)
+    k, v = k[:B], v[:B]
+    q = torch.randn(B, 2, N, 6, dtype=torch.float64)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, power)]
+    out = fn(*leaves)
+    assert out.shape == (B, 2, N, 6)
+    out.sum().backward()
+    assert leaves[0].grad.shape == q.shape
+    for leaf in leaves[1:]:
+        assert leaf.grad is None or (leaf.grad == 0).all()
+
+
+def test_inputs_of_float64_and_another_dtype_are_named():
+    q, k, v, power = _inputs(N=4, n=3, d=4)
+    with pytest.raises(ValueError, match=r'q is torch\.float32 but k is torch\.float64'):
+        pola_linear_attention(q.float(), k, v, power)
+    with pytest.raises(ValueError, match=r'q is torch\.float64 but v is torch\.float16'):
+        pola_linear_attention(q, k, v.half(), power)
+    with pytest.raises(ValueError, match=r'k must be a floating-point tensor, got torch\.int64'):
+        pola_linear_attention(q, k.long(), v, power)
+    with pytest.raises(ValueError, match=r'q is on cpu but k is on meta'):
+        pola_linear_attention(q, k.to('meta'), v, power)
+
+
+def test_half_and_float32_inputs_may_mix():
+    """As autocast hands them over (keys plus a float32 positional encoding): computed
+    in float32, the result in q's dtype."""
+    q, k, v, power = (t.float() for t in _inputs(N=16, n=12, d=8))
+    expected = pola_linear_attention(q.bfloat16().float(), k, v.bfloat16().float(), power)
+    out = pola_linear_attention(q.bfloat16(), k, v.bfloat16(), power)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize('bad', [-1.0, 0.0, float('nan'), float('inf')])
+def test_a_tensor_eps_is_refused_where_the_same_float_is(bad):
+    q, k, v, power = _inputs(B=2, h=3, N=4, n=3, d=4)
+    with pytest.raises(ValueError, match='eps must be a finite number > 0'):
+        pola_linear_attention(q, k, v, power, eps=bad)
+    eps = torch.tensor([1e-6, bad], dtype=torch.float64).reshape(2, 1, 1, 1)
+    with pytest.raises(ValueError, match=r'eps must be finite and > 0 everywhere .* holds '):
+        pola_linear_attention(q, k, v, power, eps=eps)
+
+
+@pytest.mark.parametrize('bad', [-0.5, 0.0, float('nan'), float('inf')])
+def test_a_scale_that_is_not_positive_is_refused(bad):
+    """The docstring's contract: a positive divisor of q and k."""
+    q, k, v, power = _inputs(B=2, h=2, N=4, n=3, d=4)
+    scale = torch.ones(1, 2, 1, 4, dtype=torch.float64)
+    scale[0, 1, 0, 2] = bad
+    with pytest.raises(ValueError, match=r'scale must be finite and > 0 everywhere \(it divides'):
+        pola_linear_attention(q, k, v, power, scale=scale)
+    with pytest.raises(ValueError, match='scale shape'):
+        pola_linear_attention(q, k, v, power, scale=1.0)
+
+
+def test_keys_beyond_the_shared_range_take_the_exact_scheme_at_once(monkeypatch):
+    """A channel whose negative keys all lie under the shared shifts' floor: every block
+    is computed with the exact scheme without first trying the shared one."""
+    from polaformer_mm.ops import pola_attention as module
+    tested = []
+    inexact = module._inexact
+    monkeypatch.setattr(module, '_inexact', lambda inv_den: tested.append(1) or inexact(inv_den))
+    q, k, v, power = _moderate_inputs('plain', N=40, n=30, d=8)
+    k[..., 0] = torch.where(k[..., 0] > 0, k[..., 0] * 3, k[..., 0] * 1e-3)
+    out = pola_linear_attention(q, k, v, power, ALPHA_MAX)
+    assert not tested
+    assert (out.double() - _log_domain_reference(q, k, v, power, ALPHA_MAX)).abs().max() <= 1e-4
+    pola_linear_attention(q, k, v, power, 4.0)
+    assert tested  # at alpha 4 the same keys stay in range

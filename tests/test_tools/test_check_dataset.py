@@ -181,3 +181,195 @@ def _tool(name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _mmdet_dataset(cfg):
+    """The training set as mmdet builds it (its annotation file read by pycocotools)."""
+    from mmdet.registry import DATASETS
+    from mmengine.registry import init_default_scope
+    init_default_scope('mmdet')
+    return DATASETS.build(cfg.train_dataloader.dataset)
+
+
+def _instances(dataset):
+    return {
+        osp.basename(dataset.get_data_info(i)['img_path']): dataset.get_data_info(i)['instances']
+        for i in range(len(dataset))
+    }
+
+
+def _make_one_id_twice(c):
+    c['images'][1]['id'] = c['images'][0]['id']
+
+
+def test_an_image_id_listed_twice_stops_training(root):
+    """pycocotools keeps the last entry of an id: mmdet trains 000001.jpg with the boxes
+    of both entries and never sees 000000.jpg."""
+    coco = _edit_coco(root, 'train', _make_one_id_twice)
+    first, second = coco['images'][0], coco['images'][1]
+    per_id = sum(a['image_id'] == first['id'] for a in coco['annotations'])
+    instances = _instances(_mmdet_dataset(_cfg(DET, root)))
+    assert first['file_name'] not in instances
+    assert len(instances[second['file_name']]) == per_id
+
+    report, text = _findings(check_datasets(_cfg(DET, root)), 'train_dataloader.dataset')
+    assert ('image ids listed more than once (pycocotools keeps the last entry of an id: '
+            'mmdet trains that file with the boxes of all its entries and never sees the '
+            f"other files), ids: 1 ({first['id']} ({first['file_name']}, "
+            f"{second['file_name']}))") in text
+    assert len(report.errors) == 1, text
+    with pytest.raises(DatasetCheckError, match='image ids listed more than once'):
+        check_before_training(_cfg(DET, root), verbose=False)
+
+
+def test_an_annotation_id_used_twice_stops_training(root):
+    coco = _edit_coco(root, 'train',
+                      lambda c: c['annotations'][3].update(id=c['annotations'][0]['id']))
+    with pytest.raises(AssertionError, match='not unique'):
+        _mmdet_dataset(_cfg(DET, root))
+    report, text = _findings(check_datasets(_cfg(DET, root)), 'train_dataloader.dataset')
+    assert ('annotation ids used more than once (mmdet stops with "AssertionError: Annotation '
+            f'ids ... are not unique"), ids: 1 ({coco["annotations"][0]["id"]})') in text
+    assert len(report.errors) == 1, text
+
+
+@pytest.mark.parametrize('bbox', [[10, 10, '12', 20], [10, 10, 20], None, [10, True, 20, 20]])
+def test_a_box_that_is_not_four_numbers_stops_training(root, bbox):
+    coco = _edit_coco(root, 'train', lambda c: c['annotations'][2].update(bbox=bbox))
+    if bbox is None or isinstance(bbox[2], str) or len(bbox) != 4:
+        with pytest.raises((TypeError, ValueError)):
+            _mmdet_dataset(_cfg(DET, root))
+    ann = coco['annotations'][2]
+    name = next(im['file_name'] for im in coco['images'] if im['id'] == ann['image_id'])
+    report, text = _findings(check_datasets(_cfg(DET, root)), 'train_dataloader.dataset')
+    assert ('bboxes that are not 4 numbers [x, y, w, h] (mmdet stops with a TypeError or '
+            f"ValueError): 1 ({name} (annotation {ann['id']}) {bbox!r})") in text
+    assert len(report.errors) == 1, text
+
+
+@pytest.mark.parametrize('value', [float('nan'), float('inf')])
+def test_a_box_with_nan_or_infinity_stops_training(root, value):
+    """Python's json (pycocotools) reads NaN and Infinity; mmdet drops a NaN box
+    silently and keeps an infinite one."""
+
+    def edit(c):
+        c['annotations'][1]['bbox'][3] = value  # h
+
+    coco = _edit_coco(root, 'train', edit)
+    ann = coco['annotations'][1]
+    instances = [i for v in _instances(_mmdet_dataset(_cfg(DET, root))).values() for i in v]
+    assert any(not np.isfinite(i['bbox']).all() for i in instances) == (value == float('inf'))
+    report, text = _findings(check_datasets(_cfg(DET, root)), 'train_dataloader.dataset')
+    assert 'bboxes with NaN or infinite values (mmdet drops NaN boxes silently and trains ' \
+        "on infinite ones): 1 (" in text and f"(annotation {ann['id']})" in text
+    assert len(report.errors) == 1, text
+
+
+def test_a_category_id_missing_from_categories_stops_training(root):
+    """mmdet drops the annotation silently (the object would train as background)."""
+    coco = _edit_coco(root, 'train', lambda c: c['annotations'][4].update(category_id=99))
+    total = sum(len(v) for v in _instances(_mmdet_dataset(_cfg(DET, root))).values())
+    assert total == len(coco['annotations']) - 1
+    report, text = _findings(check_datasets(_cfg(DET, root)), 'train_dataloader.dataset')
+    assert ("annotations whose category_id is not among the file's categories (mmdet drops "
+            'them silently: those objects would train as background), annotation ids: 1 '
+            f"({coco['annotations'][4]['id']} (category_id 99))") in text
+    assert len(report.errors) == 1, text
+
+
+def test_categories_the_config_leaves_out_are_a_note(root, tmp_path):
+    """The config's classes explain why mmdet leaves some annotations out: no error."""
+    coco = _edit_coco(root, 'train', lambda c: None)
+    cfg = _cfg(DET, root)
+    for split in ('train', 'val', 'test'):
+        cfg[f'{split}_dataloader'].dataset.metainfo = dict(classes=('circle', 'square'))
+    triangle = next(c['id'] for c in coco['categories'] if c['name'] == 'triangle')
+    count = sum(a['category_id'] == triangle for a in coco['annotations'])
+    report, text = _findings(check_datasets(cfg), 'train_dataloader.dataset')
+    assert not report.errors, text
+    assert ("note: annotations of categories outside the config's classes (mmdet leaves them "
+            f'out, as the classes say): {count} (triangle ({count}))') in text
+
+
+def test_crowd_only_annotations_stop_training(root):
+    """Every box a crowd region: mmdet keeps the images but ignores every box, so the
+    box and mask losses would be exactly 0."""
+    coco = _edit_coco(root, 'train', lambda c: [a.update(iscrowd=1) for a in c['annotations']])
+    instances = [i for v in _instances(_mmdet_dataset(_cfg(DET, root))).values() for i in v]
+    assert instances and all(i['ignore_flag'] == 1 for i in instances)
+    report, text = _findings(check_datasets(_cfg(DET, root)), 'train_dataloader.dataset')
+    assert ('no training image has an annotation mmdet trains on (every one is a crowd region '
+            '(iscrowd), ignored, degenerate or of another class): the box and mask losses '
+            'would be 0') in text
+    assert (f"note: crowd annotations (iscrowd; mmdet ignores them in training): "
+            f"{len(coco['annotations'])}") in text
+    assert len(report.errors) == 1, text
+
+
+def test_some_crowd_annotations_are_only_a_note(root):
+    _edit_coco(root, 'train', lambda c: c['annotations'][0].update(iscrowd=1))
+    report, text = _findings(check_datasets(_cfg(DET, root)), 'train_dataloader.dataset')
+    assert not report.errors, text
+    assert 'note: crowd annotations (iscrowd; mmdet ignores them in training): 1' in text
+
+
+def test_the_command_line_and_train_stop_on_data_mmdet_mislabels(root, tmp_path, capsys):
+    """Several problems in one file, as a user runs the tools on it."""
+
+    def edit(c):
+        _make_one_id_twice(c)
+        c['annotations'][5]['id'] = c['annotations'][6]['id']
+        c['annotations'][7]['bbox'][0] = 'x'
+        c['annotations'][8]['category_id'] = 42
+
+    _edit_coco(root, 'train', edit)
+    args = [
+        DET, '--cfg-options', f'train_dataloader.dataset.data_root={root}',
+        f'val_dataloader.dataset.data_root={root}', f'test_dataloader.dataset.data_root={root}'
+    ]
+    status = _tool('misc/check_dataset').main(args)
+    out = capsys.readouterr().out
+    assert status == 1, out
+    assert 'dataset check: 2 datasets, 4 problems that would stop training' in out
+    for line in ('ERROR: image ids listed more than once', 'ERROR: annotation ids used more than',
+                 'ERROR: bboxes that are not 4 numbers', 'ERROR: annotations whose category_id'):
+        assert line in out, out
+    cfg = tmp_path / 'cfg.py'
+    cfg.write_text(f"_base_ = [{DET!r}]\ndata_root = {root!r}\n"
+                   "train_dataloader = dict(dataset=dict(data_root=data_root))\n"
+                   "val_dataloader = dict(dataset=dict(data_root=data_root))\n"
+                   "test_dataloader = val_dataloader\n"
+                   "val_evaluator = dict(ann_file=data_root + 'annotations/instances_val.json')\n"
+                   "test_evaluator = val_evaluator\n")
+    with pytest.raises(DatasetCheckError, match='4 problems that would stop training'):
+        _tool('train').main([str(cfg), '--work-dir', str(tmp_path / 'wd')])
+
+
+def test_broken_values_do_not_break_the_check(root):
+    """Ids that no dict can hold, sizes and areas that are not numbers: errors, no
+    traceback from the check itself."""
+
+    def edit(c):
+        c['images'][0]['width'] = '144'
+        others = [a for a in c['annotations'] if a['image_id'] != c['images'][0]['id']]
+        others[0]['image_id'] = [1]
+        others[1]['area'] = 'big'
+        c['categories'].append({'id': [7], 'name': 'odd'})
+
+    _edit_coco(root, 'train', edit)
+    report, text = _findings(check_datasets(_cfg(DET, root)), 'train_dataloader.dataset')
+    assert 'images whose width or height is not a number' in text
+    assert 'annotations whose id, image_id or category_id is not a number or string' in text
+    assert "annotations whose 'area' is not a number" in text
+    assert 'category ids that are not numbers or strings' in text
+    assert len(report.errors) == 4, text
+
+
+def test_a_training_set_of_only_ignored_pixels_stops_training(root):
+    seg_dir = osp.join(root, 'seg_maps/train')
+    for name in os.listdir(seg_dir):
+        cv2.imwrite(osp.join(seg_dir, name), np.full((112, 144), 255, np.uint8))
+    report, text = _findings(check_datasets(_cfg(SEG, root)), 'train_dataloader.dataset')
+    assert 'every decoded map holds only ignored pixels (ignore_index 255)' in text
+    assert 'decode loss would be 0' in text
+    assert len(report.errors) == 1, text

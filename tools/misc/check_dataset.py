@@ -4,11 +4,14 @@
     python tools/misc/check_dataset.py CONFIG [--cfg-options k=v ...] [--splits train val]
                                        [--seg-sample N | --all-seg-maps]
 
-Reports per dataset, with counts and the first few file names: images missing on disk,
-images without annotations, empty or degenerate segmentations and boxes, classes never seen,
-and the problems that would stop mmdet / mmseg (as ERROR). Exit status 1 when there is an
-error. tools/train.py runs the same check before training (--skip-dataset-check turns it
-off). See polaformer_mm/engine/dataset_check.py for what is read and what it costs.
+Reports per dataset, with counts and the first few file names or ids: images missing on
+disk, images without annotations, empty or degenerate segmentations and boxes, classes never
+seen, and the problems that would stop mmdet / mmseg or make them mislabel silently (as
+ERROR: e.g. image or annotation ids used twice, boxes that are not four numbers, category ids
+missing from the file's categories, a training set with no annotation mmdet trains on).
+Exit status 1 when there is an error. tools/train.py runs the same check before training
+(--skip-dataset-check turns it off). See polaformer_mm/engine/dataset_check.py for what is
+read and what it costs.
 """
 import argparse
 import os.path as osp
