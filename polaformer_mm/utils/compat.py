@@ -23,8 +23,8 @@ difference is decided here, once, and the rest of the package calls these functi
 
 Only torch and numpy are imported here (Triton lazily, by :func:`triton_status`).
 """
-import inspect
 import importlib
+import inspect
 import re
 from typing import NamedTuple, Optional, Tuple
 
@@ -51,8 +51,8 @@ TORCH_VERSION = version_tuple(torch.__version__)
 NATIVE_ALLOWLIST = TORCH_VERSION >= (2, 6) and hasattr(torch.serialization, 'safe_globals')
 
 #: ``numpy._core.multiarray`` on numpy 2, ``numpy.core.multiarray`` on numpy 1.
-NUMPY_MULTIARRAY = importlib.import_module('numpy._core.multiarray' if version_tuple(
-    np.__version__) >= (2, ) else 'numpy.core.multiarray')
+NUMPY_MULTIARRAY = importlib.import_module(
+    'numpy._core.multiarray' if version_tuple(np.__version__) >= (2, ) else 'numpy.core.multiarray')
 
 _DEVICE_AUTOCAST_CHECKS = {
     'cpu': 'is_autocast_cpu_enabled',
