@@ -54,7 +54,7 @@ import numpy as np
 import torch
 from mmengine.runner.checkpoint import CheckpointLoader, load_from_local
 
-from .compat import NATIVE_ALLOWLIST, NUMPY_MULTIARRAY
+from .compat import NATIVE_ALLOWLIST, NUMPY_MULTIARRAY, native_safe_globals
 
 __all__ = [
     'CheckpointError', 'DDP_PREFIX', 'HistoryBufferStandIn', 'RestrictedUnpickler',
@@ -272,7 +272,7 @@ def safe_load_scope() -> Iterator[None]:
     try:
         if NATIVE_ALLOWLIST:
             os.environ[_FORCE_WEIGHTS_ONLY] = '1'
-            with torch.serialization.safe_globals(allowed_globals()):
+            with native_safe_globals(allowed_globals()):
                 yield
         else:
             os.environ.pop(_FORCE_WEIGHTS_ONLY, None)

@@ -32,9 +32,9 @@ import numpy as np
 import torch
 
 __all__ = [
-    'TORCH_VERSION', 'NATIVE_ALLOWLIST', 'NUMPY_MULTIARRAY', 'MIN_TRITON', 'TritonStatus',
-    'TORCHSCRIPT_ONNX_EXPORT', 'is_autocast_enabled', 'is_compiling', 'in_graph_capture',
-    'triton_status', 'version_tuple'
+    'TORCH_VERSION', 'NATIVE_ALLOWLIST', 'native_safe_globals', 'NUMPY_MULTIARRAY', 'MIN_TRITON',
+    'TritonStatus', 'TORCHSCRIPT_ONNX_EXPORT', 'is_autocast_enabled', 'is_compiling',
+    'in_graph_capture', 'triton_status', 'version_tuple'
 ]
 
 
@@ -49,6 +49,19 @@ TORCH_VERSION = version_tuple(torch.__version__)
 #: Whether ``torch.serialization.safe_globals`` takes ``(object, 'module.name')`` entries
 #: (torch 2.6+), which the checkpoint allowlist needs for its stand-ins and numpy aliases.
 NATIVE_ALLOWLIST = TORCH_VERSION >= (2, 6) and hasattr(torch.serialization, 'safe_globals')
+
+
+def native_safe_globals(entries: list):
+    """``torch.serialization.safe_globals(entries)`` (torch 2.6+; :data:`NATIVE_ALLOWLIST`).
+
+    Raises:
+        RuntimeError: on an older torch, which has no such allowlist for these entries.
+    """
+    if not NATIVE_ALLOWLIST:
+        raise RuntimeError(f'torch {torch.__version__} has no allowlist API with '
+                           '(object, name) entries (torch >= 2.6)')
+    return torch.serialization.safe_globals(entries)
+
 
 #: ``numpy._core.multiarray`` on numpy 2, ``numpy.core.multiarray`` on numpy 1.
 NUMPY_MULTIARRAY = importlib.import_module(
