@@ -10,16 +10,17 @@
 1. generates the synthetic dataset if it is missing (deterministic; the generator's defaults,
    or ``--num-train`` / ``--num-val``);
 2. for each task (det: Mask R-CNN, seg: Semantic FPN, both with the small Pola-PVT of
-   configs/quickstart/) trains the model from scratch, the way ``tools/train.py`` does
-   (polaformer_mm.engine.entry, PolaRunner), in a child process of its own so that its
-   peak memory (max RSS) is its own; on a CPU two such processes run side by side, one
-   thread each (``--jobs``), which uses two cores better than one process with two
-   threads;
-3. evaluates the trained checkpoint on the held-out split as ``tools/test.py --out`` does,
-   with the real CocoMetric (bbox + segm) / IoUMetric (and each class's IoU), and draws
-   ground truth beside prediction for the first ``--num-draw`` validation images into one
-   PNG per model;
-4. prints a table and writes everything to ``<work-dir>/summary.json``.
+   configs/quickstart/), in a child process of its own (its peak memory, max RSS, is its
+   own): trains the model from scratch the way ``tools/train.py`` does
+   (polaformer_mm.engine.entry, PolaRunner), evaluates the trained checkpoint on the
+   held-out split as ``tools/test.py --out`` does, with the real CocoMetric (bbox + segm) /
+   IoUMetric (and each class's IoU), and draws ground truth beside prediction for the first
+   ``--num-draw`` validation images into one PNG per model. On a CPU two such processes run
+   side by side, one thread each (``--jobs``), which uses two cores better than one process
+   with two threads;
+3. prints a table, the time of each stage, the metrics against the floors a working
+   install reaches (``FLOORS``) and what to expect (``EXPECTED``), and writes everything
+   to ``<work-dir>/summary.json``.
 
 ``--compare`` trains and evaluates each task a second time with softmax attention in every
 stage (``model.backbone.attn_types='SSSS'``: PVT spatial-reduction attention, otherwise the
@@ -65,6 +66,14 @@ TASKS = {
 # the softmax counterpart: PVT spatial-reduction softmax attention in every stage
 VARIANTS = {'pola': {}, 'softmax': {'model.backbone.attn_types': 'SSSS'}}
 SCALE = 3  # drawings are upscaled by this factor
+# What a working install reaches with the default settings (docs/get_started.md,
+# "Quickstart", has the runs behind these figures): every Pola model at or above these
+FLOORS = {
+    'det': (('coco/bbox_mAP', 'bbox mAP', 0.30), ('coco/bbox_mAP_50', 'bbox mAP@50', 0.60)),
+    'seg': (('mIoU', 'mIoU', 70.0), ('IoU.circle', 'IoU circle', 50.0),
+            ('IoU.square', 'IoU square', 50.0), ('IoU.triangle', 'IoU triangle', 50.0)),
+}
+EXPECTED = ('expect (PLACEHOLDER)')
 
 
 def parse_args(argv=None):
@@ -152,24 +161,44 @@ def _rss_mib():
         return round(int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE') / 2**20)
 
 
+def _peak_rss_mib():
+    """This process's high-water mark of resident memory so far (MiB)."""
+    import resource
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return round(peak / (2**20 if sys.platform == 'darwin' else 2**10))
+
+
 def _train_child(job_file):
-    """Runs in a child process: what tools/train.py does, timed."""
+    """Runs in a child process: what tools/train.py does, then what tools/test.py --out
+    does on the checkpoint it wrote, then the drawing; each stage timed. Evaluating here,
+    not in the parent, lets one job's evaluation run while the other one still trains."""
     with open(job_file) as f:
         job = json.load(f)
     cfg, path = _config(job, 'train')
     entry.prepare_train_config(cfg, path, work_dir=job['train_dir'])
-    # no validation during training: the parent evaluates the last checkpoint
+    # no validation during training: the evaluation below takes the last checkpoint
     cfg.train_cfg.val_interval = 10**9
     cfg.train_cfg.val_begin = 10**9  # mmengine also validates after the last epoch/iteration
     rss_start = _rss_mib()
     t0 = time.perf_counter()
     runner = entry.build_runner(cfg)
     runner.train()
-    seconds = time.perf_counter() - t0
+    info = dict(
+        train_seconds=round(time.perf_counter() - t0, 1),
+        start_rss_mib=rss_start,
+        peak_rss_mib=_peak_rss_mib(),  # training's, before the evaluation's runner exists
+        iterations=runner.iter)
+    del runner
+    with open(osp.join(job['train_dir'], 'last_checkpoint')) as f:
+        info['checkpoint'] = f.read().strip()
+    t0 = time.perf_counter()
+    info['metrics'], info['predictions'] = evaluate(job, info['checkpoint'])
+    info['eval_seconds'] = round(time.perf_counter() - t0, 1)
+    t0 = time.perf_counter()
+    info['drawing'] = draw(job, info['predictions'])
+    info['draw_seconds'] = round(time.perf_counter() - t0, 1)
     with open(job['result_file'], 'w') as f:
-        json.dump(
-            dict(train_seconds=round(seconds, 1), start_rss_mib=rss_start, iterations=runner.iter),
-            f)
+        json.dump(info, f)
 
 
 def _start_training(job, threads, quiet):
@@ -200,19 +229,14 @@ def _start_training(job, threads, quiet):
     return proc, job
 
 
-def _training_result(job, returncode, usage):
-    """What a finished child left: timings, its peak RSS, its checkpoint."""
+def _job_result(job, returncode):
+    """What a finished child left: its timings, peak RSS, checkpoint, metrics, drawing."""
     if returncode != 0 or not osp.exists(job['result_file']):
         where = job.get('console_log') or f'the log under {job["train_dir"]}'
         raise RuntimeError(f'training {job["task"]} ({job["variant"]}) failed with exit code '
                            f'{returncode}; see {where}')
     with open(job['result_file']) as f:
-        info = json.load(f)
-    # the child's own high-water mark: KiB on Linux, bytes on macOS
-    info['peak_rss_mib'] = round(usage.ru_maxrss / (2**20 if sys.platform == 'darwin' else 2**10))
-    with open(osp.join(job['train_dir'], 'last_checkpoint')) as f:
-        info['checkpoint'] = f.read().strip()
-    return info
+        return json.load(f)
 
 
 def default_parallel_jobs():
@@ -225,9 +249,10 @@ def default_parallel_jobs():
     return min(2, os.cpu_count() or 1)
 
 
-def train_all(jobs, parallel):
-    """Train every job, ``parallel`` child processes at a time (CPU threads split among
-    them); returns {(task, variant): info} with each child's time and peak RSS."""
+def run_all(jobs, parallel):
+    """Train and evaluate every job, ``parallel`` child processes at a time (CPU threads
+    split among them); returns {(task, variant): info} with each child's timings, peak
+    RSS, metrics and drawing."""
     pending, running, infos = list(jobs), {}, {}
     threads = max(1, (os.cpu_count() or 1) // parallel) if parallel > 1 else None
     try:
@@ -238,17 +263,19 @@ def train_all(jobs, parallel):
                 running[proc.pid] = (proc, job)
                 where = f' (console: {job["console_log"]})' if parallel > 1 else ''
                 print(
-                    f'--- {TASKS[job["task"]]["name"]} ({job["variant"]}): training{where}',
+                    f'--- {TASKS[job["task"]]["name"]} ({job["variant"]}): training, then '
+                    f'evaluating{where}',
                     flush=True)
-            pid, status, usage = os.wait4(-1, 0)
+            pid, status = os.waitpid(-1, 0)
             if pid not in running:
                 continue
             proc, job = running.pop(pid)
             proc.returncode = os.waitstatus_to_exitcode(status)
-            infos[(job['task'], job['variant'])] = _training_result(job, proc.returncode, usage)
+            info = _job_result(job, proc.returncode)
+            infos[(job['task'], job['variant'])] = info
             print(
                 f'--- {TASKS[job["task"]]["name"]} ({job["variant"]}): trained in '
-                f'{infos[(job["task"], job["variant"])]["train_seconds"]} s',
+                f'{info["train_seconds"]} s, evaluated in {info["eval_seconds"]} s',
                 flush=True)
     finally:
         for proc, _ in running.values():  # an error or Ctrl-C: no orphans
@@ -417,18 +444,10 @@ def draw(job, predictions):
 
 
 # ----------------------------------------------------------------------------- main
-def evaluate_job(job, info):
-    """Evaluate one trained job and draw its predictions; returns its summary row."""
-    metrics, predictions = evaluate(job, info['checkpoint'])
-    drawing = draw(job, predictions)
+def summary_row(job, info):
+    """One job's summary row: what it ran and what its child process reported."""
     return dict(
-        config=TASKS[job['task']]['config'],
-        variant=job['variant'],
-        options=job['options'],
-        metrics=metrics,
-        predictions=predictions,
-        drawing=drawing,
-        **info)
+        config=TASKS[job['task']]['config'], variant=job['variant'], options=job['options'], **info)
 
 
 def _jobs(args):
@@ -477,25 +496,56 @@ def format_table(results, compare):
     return '\n'.join(lines)
 
 
+def format_stages(data_seconds, results, total):
+    """The per-stage times: data, then each job's training, evaluation and drawing."""
+    parts = [f'data {data_seconds:.0f} s']
+    for (task, variant), r in results.items():
+        parts.append(f'{TASKS[task]["name"]} ({variant}): train {r["train_seconds"]:.0f} s, '
+                     f'evaluate {r["eval_seconds"]:.0f} s, draw {r["draw_seconds"]:.0f} s')
+    return 'stages (jobs side by side): ' + '; '.join(parts) + f'; total {total / 60:.1f} min'
+
+
+def check_floors(results):
+    """Each Pola model's metrics against the floors a working install reaches
+    (``FLOORS``); returns the lines to print."""
+    lines = []
+    for task, floors in FLOORS.items():
+        r = results.get((task, 'pola'))
+        if r is None:
+            continue
+        below = [
+            f'{label} {_fmt(r["metrics"].get(key), key)} < {_fmt(floor, key)}'
+            for key, label, floor in floors if (r['metrics'].get(key) or 0) < floor
+        ]
+        met = ', '.join(f'{label} >= {_fmt(floor, key)}' for key, label, floor in floors)
+        lines.append(f'{TASKS[task]["name"]}: '
+                     + (f'floors met ({met})' if not below else 'BELOW the floors: '
+                        + '; '.join(below) + ' (see docs/get_started.md, "Quickstart")'))
+    return lines
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.train_job:
         return _train_child(args.train_job)
     t0 = time.time()
+    # rendered by forked processes: nothing has run in this one yet
+    workers = min(4, os.cpu_count() or 1)
     info = generate_synthetic_dataset(
-        args.data_root, num_train=args.num_train, num_val=args.num_val)
+        args.data_root, num_train=args.num_train, num_val=args.num_val, workers=workers)
+    data_seconds = time.time() - t0
     print(f"synthetic data: {args.data_root} "
           f"({'generated' if info['generated'] else 'already there'}: "
           f"{info['splits']['train']['images']} train, {info['splits']['val']['images']} val "
-          f"images of {info['args']['img_size'][0]}x{info['args']['img_size'][1]})")
+          f"images of {info['args']['img_size'][0]}x{info['args']['img_size'][1]}) "
+          f'in {data_seconds:.0f} s')
     jobs = list(_jobs(args))
     parallel = min(args.jobs or default_parallel_jobs(), len(jobs))
-    infos = train_all(jobs, parallel)
+    infos = run_all(jobs, parallel)
     results = {}
     for job in jobs:
         key = (job['task'], job['variant'])
-        print(f'--- {TASKS[job["task"]]["name"]} ({job["variant"]}): evaluating', flush=True)
-        results[key] = evaluate_job(job, infos[key])
+        results[key] = summary_row(job, infos[key])
     total = time.time() - t0
     os.makedirs(args.work_dir, exist_ok=True)
     summary = osp.join(args.work_dir, 'summary.json')
@@ -507,6 +557,7 @@ def main(argv=None):
                     for (t, v), r in results.items()
                 },
                 data=dict(root=info['root'], args=info['args']),
+                data_seconds=round(data_seconds, 1),
                 total_seconds=round(total, 1)),
             f,
             indent=2)
@@ -515,7 +566,12 @@ def main(argv=None):
     print('peak RSS: the training process, Python and libraries included')
     for (task, variant), r in results.items():
         print(f'{task} ({variant}): ground truth | prediction in {r["drawing"]}')
-    print(f'total {total / 60:.1f} min; summary in {summary}')
+    print(format_stages(data_seconds, results, total))
+    if not args.compare and set(args.tasks) == set(TASKS):
+        print(EXPECTED)
+    for line in check_floors(results):
+        print(line)
+    print(f'summary in {summary}')
     return results
 
 

@@ -94,11 +94,14 @@ test_evaluator = val_evaluator
 # while the cosine schedule brings the learning rate down
 max_iters = 3200
 train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=max_iters)
+# foreach: AdamW's update and the gradient norm as a few multi-tensor operations instead of a
+# dozen small ones per parameter tensor (the same arithmetic; on a CPU the per-tensor loop took
+# about 14 % of this model's iteration in torch.profiler)
 optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',
-    optimizer=dict(type='AdamW', lr=1.4e-3, weight_decay=0.01),
-    clip_grad=dict(max_norm=10.))
+    optimizer=dict(type='AdamW', lr=1.4e-3, weight_decay=0.01, foreach=True),
+    clip_grad=dict(max_norm=10., foreach=True))
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=50),
     dict(type='CosineAnnealingLR', eta_min=1e-5, begin=0, end=max_iters, by_epoch=False),

@@ -75,6 +75,7 @@ _COLOUR_TRIES = 32
 # the image's short side
 _DIAMETER_RANGE = (0.2, 0.5)
 _CONTRAST_SAMPLES = 256  # pixels the contrast check looks at
+_RENDER_CHUNK = 64  # images per task of a rendering worker
 
 
 def _check_args(num_train, num_val, img_size, seed, max_shapes):
@@ -343,20 +344,42 @@ def _write(path, ok):
         raise OSError(f'could not write {path}')
 
 
-def _generate_split(root, split, split_id, args):
+def _render_one(task):
+    """Draw and write one image and its semantic map; returns its instances. ``task`` is
+    ``(img_path, seg_path, seed, split_id, index, img_size, max_shapes)``; the result
+    depends on nothing else, so images render in any order or process."""
+    img_path, seg_path, seed, split_id, index, (height, width), max_shapes = task
+    rng = np.random.default_rng([seed, split_id, index])
+    image, labels, instances = _make_image(rng, height, width, max_shapes)
+    _write(
+        img_path,
+        cv2.imwrite(img_path, cv2.cvtColor(image, cv2.COLOR_RGB2BGR),
+                    [cv2.IMWRITE_JPEG_QUALITY, _JPEG_QUALITY]))
+    _write(seg_path, cv2.imwrite(seg_path, labels))
+    return instances
+
+
+def _render_all(tasks, workers):
+    """Every image's instances, in order; ``workers`` forked processes share the images
+    (no fork on this platform, or one worker: all in this process)."""
+    import multiprocessing as mp
+    if workers <= 1 or len(tasks) < 2 * _RENDER_CHUNK or 'fork' not in mp.get_all_start_methods():
+        return [_render_one(t) for t in tasks]
+    with mp.get_context('fork').Pool(workers) as pool:
+        return pool.map(_render_one, tasks, chunksize=_RENDER_CHUNK)
+
+
+def _generate_split(root, split, split_id, args, workers=1):
     height, width = args['img_size']
     images, annotations = [], []
     per_class = {name: 0 for name in SYNTHETIC_CLASSES}
     occluded = 0
-    for index, (img_path, seg_path) in enumerate(_split_files(root, split, args[f'num_{split}'])):
-        rng = np.random.default_rng([args['seed'], split_id, index])
-        image, labels, instances = _make_image(rng, height, width, args['max_shapes'])
-        _write(
-            img_path,
-            cv2.imwrite(img_path, cv2.cvtColor(image, cv2.COLOR_RGB2BGR),
-                        [cv2.IMWRITE_JPEG_QUALITY, _JPEG_QUALITY]))
-        _write(seg_path, cv2.imwrite(seg_path, labels))
-        image_id = index + 1
+    tasks = [(img_path, seg_path, args['seed'], split_id, index, (height, width),
+              args['max_shapes'])
+             for index, (img_path,
+                         seg_path) in enumerate(_split_files(root, split, args[f'num_{split}']))]
+    for index, (task, instances) in enumerate(zip(tasks, _render_all(tasks, workers))):
+        img_path, image_id = task[0], index + 1
         images.append(
             dict(id=image_id, file_name=osp.basename(img_path), height=height, width=width))
         for inst in instances:
@@ -405,7 +428,8 @@ def generate_synthetic_dataset(root,
                                img_size=SYNTHETIC_DEFAULTS['img_size'],
                                seed=SYNTHETIC_DEFAULTS['seed'],
                                max_shapes=SYNTHETIC_DEFAULTS['max_shapes'],
-                               overwrite=False):
+                               overwrite=False,
+                               workers=1):
     """Write the synthetic dataset under ``root`` (see the module docstring) once.
 
     Args:
@@ -417,6 +441,8 @@ def generate_synthetic_dataset(root,
         overwrite (bool): regenerate in any case, replacing a dataset generated with other
             arguments (or whatever occupies ``root/images``, ``root/annotations`` and
             ``root/seg_maps``; nothing else under ``root`` is touched).
+        workers (int): processes that render the images, forked from this one where the
+            platform forks (the files are the same bytes for any number). Default: 1.
 
     Returns:
         dict: the contents of ``meta.json`` (``generator``, ``version``, ``args``,
@@ -432,6 +458,8 @@ def generate_synthetic_dataset(root,
     """
     start = time.perf_counter()
     args = _check_args(num_train, num_val, img_size, seed, max_shapes)
+    if not isinstance(workers, (int, np.integer)) or isinstance(workers, bool) or workers < 1:
+        raise ValueError(f'workers must be an int >= 1, got {workers!r}')
     root = osp.abspath(os.fspath(root))
     meta_path = osp.join(root, _META)
     if osp.isfile(meta_path) and not overwrite:
@@ -472,7 +500,7 @@ def generate_synthetic_dataset(root,
         os.makedirs(osp.join(root, 'seg_maps', split))
 
     splits = {
-        split: _generate_split(root, split, split_id, args)
+        split: _generate_split(root, split, split_id, args, workers)
         for split_id, split in enumerate(_SPLITS)
     }
     meta = dict(

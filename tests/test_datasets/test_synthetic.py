@@ -72,6 +72,19 @@ def test_deterministic(dataset, tmp_path):
     assert other['images/train/000000.jpg'] != first['images/train/000000.jpg']
 
 
+def test_workers_write_the_same_files(tmp_path):
+    # enough images for two forked workers (each takes chunks of 64 images)
+    args = dict(SMALL, num_train=200, num_val=2)
+    one = generate_synthetic_dataset(tmp_path / 'one', **args)
+    two = generate_synthetic_dataset(tmp_path / 'two', workers=2, **args)
+    assert one['splits'] == two['splits']
+    first, second = _files(tmp_path / 'one'), _files(tmp_path / 'two')
+    assert first.keys() == second.keys() and len(first) > 2 * args['num_train']
+    assert [k for k in first if first[k] != second[k]] == []
+    with pytest.raises(ValueError, match='workers must be an int >= 1, got 0'):
+        generate_synthetic_dataset(tmp_path / 'none', workers=0, **args)
+
+
 def test_idempotent_and_mismatch(tmp_path):
     root = tmp_path / 'data'
     args = dict(SMALL, num_train=2, num_val=1)

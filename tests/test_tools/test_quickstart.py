@@ -52,7 +52,7 @@ def test_quickstart_compare_fast(quickstart, tmp_path, capsys):
                             ('seg', 'softmax')}
     for (task, variant), r in results.items():
         assert r['iterations'] == 2
-        assert r['train_seconds'] > 0
+        assert r['train_seconds'] > 0 and r['eval_seconds'] > 0 and r['draw_seconds'] >= 0
         assert r['peak_rss_mib'] >= r['start_rss_mib'] > 0
         if task == 'det':  # the real CocoMetric, bbox and segm
             assert {'coco/bbox_mAP', 'coco/bbox_mAP_50', 'coco/segm_mAP'} <= set(r['metrics'])
@@ -76,9 +76,23 @@ def test_quickstart_compare_fast(quickstart, tmp_path, capsys):
         summary = json.load(f)
     assert set(summary['results']) == {'det/pola', 'det/softmax', 'seg/pola', 'seg/softmax'}
     assert summary['data']['args']['num_train'] == 4
+    assert summary['data_seconds'] >= 0 and summary['total_seconds'] > 0
     for text in ('Pola (LLLL)', 'softmax (SSSS)', 'bbox mAP', 'IoU triangle', 'train time (s)',
-                 'peak RSS (MiB)', 'predictions.png'):
+                 'peak RSS (MiB)', 'predictions.png', 'stages (jobs side by side): data ',
+                 'Mask R-CNN (softmax): train ', 'Semantic FPN (pola): train '):
         assert text in out, out[-3000:]
+    # a few iterations on 4 images learn nothing: the check says so, naming the metric
+    assert 'Mask R-CNN: BELOW the floors: bbox mAP ' in out, out[-3000:]
+    assert 'Semantic FPN: BELOW the floors: mIoU ' in out, out[-3000:]
+
+
+def test_check_floors(quickstart):
+    good = dict(metrics={'coco/bbox_mAP': 0.45, 'coco/bbox_mAP_50': 0.7})
+    seg = dict(metrics={'mIoU': 72.0, 'IoU.circle': 70.0, 'IoU.square': 49.5, 'IoU.triangle': 60})
+    lines = quickstart.check_floors({('det', 'pola'): good, ('seg', 'pola'): seg})
+    assert lines[0].startswith('Mask R-CNN: floors met (bbox mAP >= 0.300, bbox mAP@50 >= 0.600')
+    assert lines[1] == ('Semantic FPN: BELOW the floors: IoU square 49.50 < 50.00 '
+                        '(see docs/get_started.md, "Quickstart")')
 
 
 def test_format_table_one_variant(quickstart):

@@ -3,7 +3,7 @@
 
     python tools/dataset_converters/generate_synthetic_data.py [--out data/synthetic]
         [--num-train N] [--num-val N] [--size H [W]] [--seed S] [--max-shapes M]
-        [--overwrite]
+        [--overwrite] [--workers N]
 
 Writes ``images/{train,val}/*.jpg``, ``annotations/instances_{train,val}.json``,
 ``seg_maps/{train,val}/*.png`` and ``meta.json`` under ``--out``. A second call with the same
@@ -11,6 +11,7 @@ arguments finds the dataset complete and writes nothing; a call with other argum
 with an error unless ``--overwrite`` is given.
 """
 import argparse
+import os
 import sys
 
 from polaformer_mm.datasets.synthetic import SYNTHETIC_DEFAULTS, generate_synthetic_dataset
@@ -50,6 +51,13 @@ def main(argv=None):
     parser.add_argument('--max-shapes', type=int, default=SYNTHETIC_DEFAULTS['max_shapes'])
     parser.add_argument(
         '--overwrite', action='store_true', help='replace a dataset generated with other arguments')
+    parser.add_argument(
+        '--workers',
+        type=int,
+        default=min(4,
+                    os.cpu_count() or 1),
+        help='processes rendering the images (the same files for any number; default: one '
+        'per CPU core, at most 4)')
     args = parser.parse_args(argv)
     if len(args.size) > 2:
         parser.error('--size takes H or H W')
@@ -62,7 +70,8 @@ def main(argv=None):
             img_size=size,
             seed=args.seed,
             max_shapes=args.max_shapes,
-            overwrite=args.overwrite)
+            overwrite=args.overwrite,
+            workers=args.workers)
     except (FileExistsError, ValueError) as e:
         print(f'error: {e}', file=sys.stderr)
         return 2
