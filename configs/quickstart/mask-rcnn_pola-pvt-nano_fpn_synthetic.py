@@ -35,11 +35,19 @@ model = dict(
     neck=dict(in_channels=backbone_dims, out_channels=channels, norm_cfg=norm_cfg),
     # the shapes are 13-32 px: anchors from 16 px (stride 4) instead of 32 px
     rpn_head=dict(in_channels=channels, feat_channels=channels, anchor_generator=dict(scales=[4])),
+    # RoIAlign on a CPU (mmcv's op) is about a quarter of an iteration at mmdet's defaults:
+    # one sample per bin, and 7x7 mask RoIs (14x14 mask targets, for shapes of 13-32 px)
+    # instead of 14x14 (28x28) take about a quarter off each iteration and keep the metrics
+    # (4 epochs, seed 0: bbox mAP 0.543 / mAP@50 0.730, segm mAP 0.565, against 0.536 /
+    # 0.738 / 0.579 at the defaults)
     roi_head=dict(
-        bbox_roi_extractor=dict(out_channels=channels),
+        bbox_roi_extractor=dict(
+            out_channels=channels, roi_layer=dict(output_size=7, sampling_ratio=1)),
         bbox_head=dict(in_channels=channels, fc_out_channels=256, num_classes=num_classes),
-        mask_roi_extractor=dict(out_channels=channels),
+        mask_roi_extractor=dict(
+            out_channels=channels, roi_layer=dict(output_size=7, sampling_ratio=1)),
         mask_head=dict(
+            roi_feat_size=7,
             num_convs=2,
             in_channels=channels,
             conv_out_channels=channels,
@@ -51,7 +59,7 @@ model = dict(
         # 32 RoIs per image (of which up to 8 positive) hold every object of these 1-4 shape
         # images and cost two thirds of 64's time per iteration: 4 epochs of 32 learn more
         # than 3 of 64 in the same time (measured bbox mAP 0.54 vs 0.45)
-        rcnn=dict(sampler=dict(num=32))),
+        rcnn=dict(sampler=dict(num=32), mask_size=14)),
     test_cfg=dict(rpn=dict(nms_pre=500, max_per_img=100), rcnn=dict(max_per_img=20)))
 
 train_pipeline = [
