@@ -1,6 +1,6 @@
-"""The written documentation stays true: the Theorem 1 counterexample of docs/method.md
-computed with the project's own attention op, and every repository path and relative link
-in the docs pointing at something that exists."""
+"""The written documentation stays true: the Theorem 1 counterexample of
+docs/advanced_guides/method.md computed with the project's own attention op, and every
+repository path and relative link in the docs pointing at something that exists."""
 import glob
 import math
 import os.path as osp
@@ -12,7 +12,7 @@ import torch
 from polaformer_mm.ops import pola_linear_attention, pola_linear_attention_reference
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-DOCS = ['README.md', 'docs/method.md', 'configs/README.md'] + sorted(
+DOCS = ['README.md', 'docs/advanced_guides/method.md', 'configs/README.md'] + sorted(
     osp.relpath(p, ROOT) for p in glob.glob(osp.join(ROOT, 'configs', '*', 'README.md'))) + sorted(
         osp.relpath(p, ROOT) for p in glob.glob(osp.join(ROOT, 'docs', 'notes', '*.md')))
 
@@ -43,7 +43,7 @@ def test_theorem1_counterexample_numbers(op):
     torch.testing.assert_close(after, torch.tensor([300 / 527, 227 / 527], dtype=after.dtype))
     assert round(_entropy(before), 3) == 0.654
     assert round(_entropy(after), 3) == 0.684  # higher: the power flattened this map
-    with open(osp.join(ROOT, 'docs', 'method.md')) as f:
+    with open(osp.join(ROOT, 'docs', 'advanced_guides', 'method.md')) as f:
         text = f.read()
     assert '0.6544' in text and '0.6835' in text
 
