@@ -93,7 +93,8 @@ quickstart: install
 	$(PY) tools/quickstart.py $(if $(filter-out 0,$(COMPARE)),--compare) $(QUICKSTART_ARGS)
 
 # On a machine with a CUDA GPU: the CUDA tests, the backbone benchmark on CUDA and a short AMP
-# training; one report folder (README, "GPU check"). Without a GPU it says so and fails.
+# training; one report folder (docs/advanced_guides/gpu_check.md). Without a GPU it says so
+# and fails.
 GPU_CHECK_ARGS ?=
 .PHONY: gpu-check
 gpu-check: install

@@ -27,7 +27,7 @@ model = dict(
         arch='tiny',
         attn_types='LLSS',
         window_size=7,
-        linear_window_size=56,  # official windows; None: global (see README)
+        linear_window_size=56,  # official windows; None: global (docs/user_guides/config.md)
         drop_path_rate=0.2,
         out_indices=(3, )),
     head=dict(in_channels=768))

@@ -14,7 +14,7 @@ model = dict(
         arch='tiny',
         attn_types='LLSS',
         window_size=7,
-        linear_window_size=56,  # official windows; None: global (see README)
+        linear_window_size=56,  # official windows; None: global (docs/user_guides/config.md)
         drop_path_rate=0.2,
         out_indices=(0, 1, 2, 3),
         init_cfg=dict(type='Pretrained', checkpoint='checkpoints/pola_swin_t_mm.pth')),

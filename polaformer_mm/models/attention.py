@@ -2,7 +2,7 @@
 used by 'S' stages (PVT spatial-reduction attention, Swin window attention).
 
 The computation of :class:`PolaLinearAttention` is written up in
-``docs/method.md``.
+``docs/advanced_guides/method.md``.
 """
 from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 

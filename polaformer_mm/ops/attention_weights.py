@@ -1,8 +1,8 @@
 """Explicit attention weights of polarity-aware linear attention, for chosen queries.
 
 :func:`pola_attention_weights` returns, for ``m`` chosen query rows, the weights over
-the ``n`` keys with which each polarity stream averages the values (docs/method.md,
-section 2, step 10), per head:
+the ``n`` keys with which each polarity stream averages the values
+(docs/advanced_guides/method.md, section 2, step 10), per head:
 
 * same-signed stream: ``w_sim[t] = (q+ . k+_t + q- . k-_t) / (sum_t (...) + n * eps)``,
   averaging ``v1`` (the first ``ceil(d/2)`` value channels);

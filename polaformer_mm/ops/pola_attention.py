@@ -128,7 +128,7 @@ def check_alpha(alpha) -> float:
     float32 rounding of ``p log|x|`` (2**-24 relative) moves it by about
     ``3 p |log|x|| 2**-24`` relative, and beyond ``alpha = ALPHA_MAX`` outputs for inputs
     of moderate magnitude (|q|, |k| of 0.1 to 10) lose the 1e-4 accuracy they keep
-    below it (docs/method.md, "The exponent's range").
+    below it (docs/advanced_guides/method.md, "The exponent's range").
     """
     if (isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not math.isfinite(alpha)
             or alpha <= 0):

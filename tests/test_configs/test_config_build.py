@@ -253,7 +253,8 @@ def test_builds_and_channels_match(path):
 
 
 def test_checkpoint_names_follow_converter():
-    """The paths the configs use are those the README tells official2mm.py to write."""
+    """The paths the configs use are those docs/user_guides/official_weights.md tells
+    official2mm.py to write."""
     names = set()
     for path in CONFIGS:
         with open(osp.join(REPO, path)) as f:

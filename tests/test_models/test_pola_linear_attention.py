@@ -27,8 +27,8 @@ def test_any_grid(family, sr, hw):
 
 
 def _reference_forward(attn, x, hw, pos):
-    """The computation of docs/method.md written out for the swin family, with the
-    explicit-weights attention and a given positional encoding ``pos`` (1, N, C)."""
+    """The computation of docs/advanced_guides/method.md written out for the swin family,
+    with the explicit-weights attention and a given positional encoding ``pos`` (1, N, C)."""
     B, N, C = x.shape
     h, d = attn.num_heads, attn.head_dims
     q, k, v, g = attn.qkvg(x).reshape(B, N, 4, C).unbind(2)

@@ -74,7 +74,7 @@ def test_write_is_idempotent(tmp_path, monkeypatch):
     assert texts[1] == f'import {startup_hook.MODULE_NAME}\n'
     with open(startup_hook.__file__) as f:
         assert texts[0] == f.read()
-    # the command the warning and the README name
+    # the command the warning and docs/notes/faq.md name
     other = tmp_path.parent / (tmp_path.name + '_other')
     monkeypatch.setattr(sys, 'argv', ['startup_hook', str(other)])
     runpy.run_module('polaformer_mm.utils.startup_hook', run_name='__main__')

@@ -47,7 +47,7 @@ Writes into ``--out-dir``:
   a fraction of log n (n: the keys the row ranges over), and the softmax baseline's on
   the same positions. An empirical measurement on one image with the given weights: the
   paper's Theorem 1 claims the power function lowers the entropy, which does not hold in
-  general (docs/method.md, section 5).
+  general (docs/advanced_guides/method.md, section 5).
 * ``exponents.png``: per stage, a histogram of the learned exponents
   ``p = 1 + alpha * sigmoid(power)`` over all heads and channels of its 'L' blocks.
 * ``attention.json``: the numbers: per block its layout, exponents, entropies (nats,
@@ -845,7 +845,7 @@ def draw_entropy(path: str, blocks: List[dict], random_note: str, dpi: int) -> N
     axes[-1].set_xticklabels(labels, rotation=90 if len(blocks) > 16 else 0)
     fig.suptitle(
         'Mean attention entropy over sampled queries (dots: heads); an '
-        'empirical measurement, see docs/method.md section 5\n' + random_note,
+        'empirical measurement, see docs/advanced_guides/method.md section 5\n' + random_note,
         fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
@@ -1063,8 +1063,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
         entropy_note=('mean over sampled query tokens of each row\'s entropy (nats, the '
                       'row renormalised to sum to 1); log_n is the mean log of the number '
                       'of keys a row ranges over. Measured on this image with these '
-                      'weights; docs/method.md section 5 explains why the power function '
-                      'need not lower it.'),
+                      'weights; docs/advanced_guides/method.md section 5 explains why the '
+                      'power function need not lower it.'),
         blocks=blocks,
         stages=stages)
     written['json'] = osp.join(args.out_dir, 'attention.json')

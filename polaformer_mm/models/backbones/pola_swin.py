@@ -436,18 +436,9 @@ class PolaSwin(PolaBackboneBase):
         linear_window_size (int | None): Window of the 'L' stages. An int gives
             each 'L' stage a square window of ``min(linear_window_size, the
             stage's grid at pretrain_img_size)`` (56 and 28 for the 224 models,
-            96 and 48 for the 384 Swin-B), which is also the grid of its learned
-            positional encoding ``P``, used as learned at any input size: the
-            official computation. At run time the map is zero-padded to a multiple
-            of the window and partitioned; odd blocks are shifted by half a window
-            when the map is larger than the window along both sides (without a
-            shift mask, as in the official code). Where the official code has no
-            counterpart (maps that are not multiples of the window), padded tokens
-            take no part as keys or values and their outputs are dropped; the
-            depthwise conv runs per window, as in the official code. None: one
-            window over the whole map, never shifted, ``P`` learned on the stage's
-            grid at ``pretrain_img_size`` and resized (bicubic) to the runtime map.
-            At 224 both forms are the official computation. Default: 56.
+            96 and 48 for the 384 Swin-B), the official computation; None gives
+            one window over the whole map. How both forms run at any input size:
+            docs/user_guides/config.md, "Any input size". Default: 56.
         pretrain_img_size (int | tuple): Input size at pretraining; sets the stage
             grids (56x56, 28x28, ... at 224) the windows and the positional
             encodings of the 'L' stages derive from. Default: 224.
