@@ -16,7 +16,7 @@ CUDA GPU it runs, in order:
 3. ``benchmark``: tools/analysis_tools/benchmark_backbone.py on CUDA, Pola-PVT-T vs
    PVT-T and Pola-Swin-T vs Swin-T (the softmax baselines need mmdet), forward and train
    step, float32 / bf16 / fp16 autocast, 512x512, 800x1333 and 1024x1024, batch 2;
-4. ``train``: the two quickstart configs (Mask R-CNN and Semantic FPN with Pola-PVT-T)
+4. ``train``: the two quickstart configs (Mask R-CNN and Semantic FPN with Pola-PVT-nano)
    trained with ``tools/train.py --amp`` for ``--train-iters`` iterations on synthetic
    1333x800 images: the loss must be finite at every iteration and fall (mean of the
    last 10 below the mean of the first 10). Mask R-CNN needs mmdet and mmcv's CUDA ops,
