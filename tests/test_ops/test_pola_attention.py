@@ -224,6 +224,38 @@ def test_backend_choice():
         pola_linear_attention(q.float(), k.float(), v.float(), power.float(), backend='triton')
 
 
+def test_forced_triton_names_every_reason_the_kernels_refuse_the_inputs():
+    """One list of reasons (the Triton backend's) decides 'auto' and words the error of
+    a forced 'triton': float64 CPU tensors wider than the kernels' head width give all
+    of them, in one message."""
+    from polaformer_mm.ops import pola_attention_triton as kernels
+    q, k, v, power = _inputs(N=4, n=3, d=kernels.MAX_HEAD_DIM + 2)
+    reasons = kernels.unsupported_reasons(q, k, v, power)
+    assert 'the kernels need CUDA tensors (got cpu)' in reasons
+    assert f'head width {kernels.MAX_HEAD_DIM + 2} > {kernels.MAX_HEAD_DIM}' in reasons
+    dtypes = [r.split(' is ')[0] for r in reasons if ' is torch.float64' in r]
+    assert dtypes == ['q', 'k', 'v', 'power']
+    assert kernels.available() == (kernels.unavailable_reason() not in reasons)
+    error = ValueError if kernels.available() else RuntimeError
+    with pytest.raises(error) as info:
+        pola_linear_attention(q, k, v, power, backend='triton')
+    assert all(reason in str(info.value) for reason in reasons), (reasons, str(info.value))
+    assert 'use backend="torch"' in str(info.value)
+    # inputs the kernels take but for the device: only that (and Triton's absence)
+    q, k, v, power = (t[..., :8].float() for t in (q, k, v, power))
+    left = kernels.unsupported_reasons(q, k, v, power)
+    expected = ['the kernels need CUDA tensors (got cpu)']
+    if not kernels.available():
+        expected.insert(0, kernels.unavailable_reason())
+    assert left == expected
+    # 'auto' on the CPU never asks: the torch path
+    torch.testing.assert_close(
+        pola_linear_attention(q, k, v, power, backend='auto'),
+        pola_linear_attention(q, k, v, power, backend='torch'),
+        rtol=0,
+        atol=0)
+
+
 def test_output_keeps_the_layout_of_q():
     """Queries split from (B, N, h*d) tokens give an output in the same layout, so that
     merging the heads back is a view."""
