@@ -144,8 +144,7 @@ def convert_official_checkpoint(src: str, dst: str) -> Dict[str, torch.Tensor]:
     if osp.isdir(osp.expanduser(dst)):
         raise ValueError(f'DST {dst!r} is an existing directory: give the path of the file '
                          f'to write, e.g. {osp.join(dst, "converted.pth")!r}')
-    state_dict = extract_state_dict(
-        load_checkpoint(src, what='official checkpoint'), source=src)
+    state_dict = extract_state_dict(load_checkpoint(src, what='official checkpoint'), source=src)
     family = detect_official_family(state_dict)
     converted = convert_official_state_dict(state_dict)
     meta = dict(

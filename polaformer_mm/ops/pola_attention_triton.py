@@ -39,11 +39,13 @@ from ._pola_common import (EpsType, assemble_summary, pola_exponent, shared_shif
 
 # Triton is optional, and the kernels need 3.0+: with an older Triton, or one that fails to
 # import for any reason, they are unavailable and `backend='auto'` takes the torch path.
-_kernels = None
+#: The kernels' module (:mod:`~polaformer_mm.ops.pola_attention_triton_kernels`) once it
+#: loaded, else None.
+kernels = None
 _import_error = triton_status().reason
 if _import_error is None:
     try:
-        from . import _pola_triton_kernels as _kernels
+        from . import pola_attention_triton_kernels as kernels
     except Exception as error:  # noqa: BLE001  (a Triton whose API differs, a broken build)
         _import_error = (f'the fused kernels do not load with Triton {triton_status().version} '
                          f'({type(error).__name__}: {error})')
@@ -75,7 +77,7 @@ TOLERANCES: Dict[torch.dtype, float] = {
 
 def available() -> bool:
     """Whether the kernels loaded (Triton >= 3.0 installed and importable)."""
-    return _kernels is not None
+    return kernels is not None
 
 
 def unavailable_reason() -> str:
@@ -104,7 +106,7 @@ def unsupported_reasons(q: Tensor, k: Tensor, v: Tensor, power: Tensor) -> List[
         list[str]: the reasons, in that order.
     """
     reasons = []
-    if _kernels is None:
+    if kernels is None:
         reasons.append(_import_error)
     if q.device.type != 'cuda' and not _interpreting():
         reasons.append(f'the kernels need CUDA tensors (got {q.device})')
@@ -131,7 +133,7 @@ def check_supported(q: Tensor, k: Tensor, v: Tensor, power: Tensor) -> None:
     if not reasons:
         return
     what = 'pola_linear_attention(backend="triton"): ' + '; '.join(reasons)
-    if _kernels is None:
+    if kernels is None:
         raise RuntimeError(f'{what} (pip install "polaformer_mm[triton]", or use backend="torch")')
     raise ValueError(f'{what}; use backend="torch"')
 
@@ -151,7 +153,7 @@ def _splits(rows: int, bh: int, device: torch.device) -> Tuple[int, int]:
 
     Rows per program are a multiple of every BLOCK_N of the launch configurations.
     """
-    block_n = max(config.kwargs['BLOCK_N'] for config in _kernels.CONFIGS)
+    block_n = max(config.kwargs['BLOCK_N'] for config in kernels.CONFIGS)
     blocks = _cdiv(rows, block_n)
     if device.type == 'cuda':
         target = 4 * torch.cuda.get_device_properties(device).multi_processor_count
@@ -198,9 +200,9 @@ class _PolaAttentionTriton(torch.autograd.Function):
         kv_part = torch.empty(bh, splits, 2 * d, d, dtype=torch.float32, device=device)
         sum_part = torch.empty(bh, splits, 2 * d, dtype=torch.float32, device=device)
         shift_part = torch.empty(bh, splits, dtype=torch.float32, device=device)
-        _kernels.key_summary_kernel[(bh, splits)](k, v, p, kv_part, sum_part, shift_part,
-                                                  *k.stride(), *v.stride(), h, n, d, rows, splits,
-                                                  **meta)
+        kernels.key_summary_kernel[(bh, splits)](k, v, p, kv_part, sum_part, shift_part,
+                                                 *k.stride(), *v.stride(), h, n, d, rows, splits,
+                                                 **meta)
         k_shift = shift_part.amax(dim=1)
         rescale = torch.exp(shift_part - k_shift[:, None])
         kv = torch.einsum('bsij,bs->bij', kv_part, rescale).div_(n)
@@ -210,9 +212,9 @@ class _PolaAttentionTriton(torch.autograd.Function):
         out = torch.empty_like(q)
         rows, splits = _splits(N, bh, device)
         worst = torch.empty(bh, splits, dtype=torch.float32, device=device)
-        _kernels.query_forward_kernel[(bh, splits)](q, W, p, eps_bh, k_shift, out, worst,
-                                                    *q.stride(), *out.stride(), h, N, d,
-                                                    value_split(d), rows, splits, **meta)
+        kernels.query_forward_kernel[(bh, splits)](q, W, p, eps_bh, k_shift, out, worst,
+                                                   *q.stride(), *out.stride(), h, N, d,
+                                                   value_split(d), rows, splits, **meta)
         ctx.alpha = alpha
         ctx.save_for_backward(q, k, v, power, W, k_shift, eps_bh)
         ctx.mark_non_differentiable(worst)
@@ -233,10 +235,10 @@ class _PolaAttentionTriton(torch.autograd.Function):
         rows, splits = _splits(N, bh, device)
         gw_part = torch.empty(bh, splits, 2 * d, d + 2, dtype=torch.float32, device=device)
         gp_q = torch.empty(bh, splits, d, dtype=torch.float32, device=device)
-        _kernels.query_backward_kernel[(bh, splits)](q, grad_out, W, p, eps_bh, k_shift, g_q,
-                                                     gw_part, gp_q, *q.stride(),
-                                                     *grad_out.stride(), *g_q.stride(), h, N, d,
-                                                     value_split(d), rows, splits, **meta)
+        kernels.query_backward_kernel[(bh, splits)](q, grad_out, W, p, eps_bh, k_shift, g_q,
+                                                    gw_part, gp_q, *q.stride(),
+                                                    *grad_out.stride(), *g_q.stride(), h, N, d,
+                                                    value_split(d), rows, splits, **meta)
         g_kv, g_mean = summary_grads(gw_part.sum(dim=1), d)
         g_kv = g_kv.div_(n).contiguous()
         g_mean = g_mean.div_(n).contiguous()
@@ -245,9 +247,9 @@ class _PolaAttentionTriton(torch.autograd.Function):
         g_v = torch.empty_like(v)
         rows, splits = _splits(n, bh, device)
         gp_k = torch.empty(bh, splits, d, dtype=torch.float32, device=device)
-        _kernels.key_backward_kernel[(bh, splits)](k, v, p, k_shift, g_kv, g_mean, g_k, g_v, gp_k,
-                                                   *k.stride(), *v.stride(), *g_k.stride(),
-                                                   *g_v.stride(), h, n, d, rows, splits, **meta)
+        kernels.key_backward_kernel[(bh, splits)](k, v, p, k_shift, g_kv, g_mean, g_k, g_v, gp_k,
+                                                  *k.stride(), *v.stride(), *g_k.stride(),
+                                                  *g_v.stride(), h, n, d, rows, splits, **meta)
         g_p = (gp_q.sum(dim=1) + gp_k.sum(dim=1)).reshape(B, h, d).sum(dim=0)
         s = torch.sigmoid(power.detach().float()).reshape(h, d)
         g_power = g_p.mul_(s * (1 - s) * ctx.alpha).reshape(power.shape).to(power.dtype)

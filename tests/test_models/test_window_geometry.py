@@ -7,8 +7,8 @@ import torch.nn.functional as F
 
 from polaformer_mm.models.window_geometry import (captured_window_layout, padded_size,
                                                   window_gather, window_mask, window_padding,
-                                                  window_partition, window_regions,
-                                                  window_reverse, window_shift)
+                                                  window_partition, window_regions, window_reverse,
+                                                  window_shift)
 
 CPU = torch.device('cpu')
 

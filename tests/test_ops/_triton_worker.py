@@ -139,7 +139,7 @@ def lower_for_sm90():
     from triton.compiler import ASTSource
     from triton.compiler.compiler import make_backend
 
-    from polaformer_mm.ops import _pola_triton_kernels as kernels
+    from polaformer_mm.ops import pola_attention_triton_kernels as kernels
     from polaformer_mm.ops.pola_attention_triton import TINY, block_d
 
     pointer_args = {

@@ -75,7 +75,7 @@ def _own(node: ast.ImportFrom, path: str) -> bool:
 
 def _is_module(node: ast.ImportFrom, path: str, name: str) -> bool:
     """Whether ``from <node.module> import <name>`` imports a module of the repository
-    (``from . import _kernels``: a package-internal module, which is fine)."""
+    (a package-internal module, named with a leading underscore, which is fine)."""
     if node.level:
         base = osp.dirname(path)
         for _ in range(node.level - 1):
