@@ -112,9 +112,12 @@ def unsupported_reasons(q: Tensor, k: Tensor, v: Tensor, power: Tensor) -> List[
         reasons.append(f'the kernels need CUDA tensors (got {q.device})')
     if q.shape[-1] > MAX_HEAD_DIM:
         reasons.append(f'head width {q.shape[-1]} > {MAX_HEAD_DIM}')
-    for name, t in (('q', q), ('k', k), ('v', v), ('power', power)):
-        if t.dtype not in DTYPES:
-            reasons.append(f'{name} is {t.dtype}; the kernels take {DTYPES}')
+    stored = [
+        f'{name} is {t.dtype}' for name, t in (('q', q), ('k', k), ('v', v), ('power', power))
+        if t.dtype not in DTYPES
+    ]
+    if stored:
+        reasons.append(', '.join(stored) + ' (the kernels take float32, float16 and bfloat16)')
     return reasons
 
 
