@@ -2,13 +2,10 @@
 ``polaformer_mm.ops`` and ``polaformer_mm.models`` export, and no module importing
 another's private (``_``-prefixed) names."""
 import ast
-import json
 import os
 import os.path as osp
-import subprocess
-import sys
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+from .._fresh_python import REPO, fresh_python_json
 
 SCRIPT = r'''
 import json
@@ -31,16 +28,7 @@ print('@@api ' + json.dumps(dict(
 def test_import_exports_the_backbones_and_registers_the_runner():
     """``import polaformer_mm`` alone (what ``custom_imports`` does) registers the runner
     and its hooks by name, while the top level exports only the models and the version."""
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get('PYTHONPATH', ''))
-    proc = subprocess.run([sys.executable, '-c', SCRIPT],
-                          cwd=REPO,
-                          env=env,
-                          capture_output=True,
-                          text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [x for x in proc.stdout.splitlines() if x.startswith('@@api ')][0]
-    api = json.loads(line[len('@@api '):])
+    api = fresh_python_json(SCRIPT, '@@api')
     assert all(api['resolved'].values()), api['resolved']
     assert not api['missing'], api['missing']
     assert sorted(api['top']) == ['PolaLinearAttention', 'PolaPVT', 'PolaSwin', '__version__']
