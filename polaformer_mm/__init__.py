@@ -3,16 +3,17 @@
 ``import polaformer_mm`` (or ``custom_imports=dict(imports=['polaformer_mm'])``)
 registers ``PolaPVT``, ``PolaSwin`` and ``PolaLinearAttention`` in mmengine's root
 MODELS registry, which mmdet, mmseg and mmpretrain registries all fall back to, and
-``PolaRunner`` (the runner of ``tools/train.py`` / ``tools/test.py``) in its RUNNERS.
+``PolaRunner`` (the runner of ``tools/train.py`` / ``tools/test.py``, importable from
+:mod:`polaformer_mm.engine`) with its hooks in its RUNNERS and HOOKS, so that configs name
+them by ``type``.
 """
 from .utils.torchvision_compat import ensure_torchvision_importable
 
 ensure_torchvision_importable(warn=True)  # before anything imports torchvision
 
-from .engine import PolaRunner, ResumableStateHook  # noqa: E402
+# registers PolaRunner and its hooks in mmengine's RUNNERS / HOOKS
+from . import engine  # noqa: E402,F401
 from .models import PolaLinearAttention, PolaPVT, PolaSwin  # noqa: E402
 from .version import __version__  # noqa: E402
 
-__all__ = [
-    'PolaLinearAttention', 'PolaPVT', 'PolaSwin', 'PolaRunner', 'ResumableStateHook', '__version__'
-]
+__all__ = ['PolaPVT', 'PolaSwin', 'PolaLinearAttention', '__version__']

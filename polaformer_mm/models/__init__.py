@@ -1,9 +1,8 @@
 from .attention import PolaLinearAttention
 from .backbones import PolaPVT, PolaSwin
-from .official_weights import (convert_official_checkpoint, convert_official_state_dict,
-                               load_backbone_weights, load_checkpoint_file)
+from .official_weights import convert_official_checkpoint, convert_official_state_dict
 
 __all__ = [
     'PolaLinearAttention', 'PolaPVT', 'PolaSwin', 'convert_official_checkpoint',
-    'convert_official_state_dict', 'load_backbone_weights', 'load_checkpoint_file'
+    'convert_official_state_dict'
 ]

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from mmengine.registry import MODELS
 from torch import Tensor
 
-from ..ops import check_alpha, depthwise_conv2d, pola_linear_attention
+from ..ops import depthwise_conv2d, pola_linear_attention
+from ..ops._pola_common import check_alpha
 from ..utils.compat import in_graph_capture
 from .utils import conv_token_map, nchw_to_nlc, nlc_to_nchw, pad_to_multiple, resize_token_grid
 

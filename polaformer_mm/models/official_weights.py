@@ -15,9 +15,8 @@ from typing import Dict, Optional
 
 import torch
 
-from ..utils.checkpoint_io import atomic_save, is_local_checkpoint
-from ..utils.checkpoint_io import load_checkpoint as load_checkpoint_file
-from ..utils.checkpoint_io import strip_ddp_prefix
+from ..utils.checkpoint_io import (atomic_save, is_local_checkpoint, load_checkpoint,
+                                   strip_ddp_prefix)
 from ..version import __version__
 
 PVT_FAMILY, SWIN_FAMILY = 'pvt', 'swin'
@@ -145,8 +144,7 @@ def convert_official_checkpoint(src: str, dst: str) -> Dict[str, torch.Tensor]:
     if osp.isdir(osp.expanduser(dst)):
         raise ValueError(f'DST {dst!r} is an existing directory: give the path of the file '
                          f'to write, e.g. {osp.join(dst, "converted.pth")!r}')
-    state_dict = extract_state_dict(
-        load_checkpoint_file(src, what='official checkpoint'), source=src)
+    state_dict = extract_state_dict(load_checkpoint(src, what='official checkpoint'), source=src)
     family = detect_official_family(state_dict)
     converted = convert_official_state_dict(state_dict)
     meta = dict(
@@ -166,7 +164,7 @@ def load_backbone_weights(checkpoint: str,
     if not checkpoint:
         raise ValueError("init_cfg type='Pretrained' needs a 'checkpoint' path")
     try:
-        obj = load_checkpoint_file(checkpoint, what='init_cfg checkpoint')
+        obj = load_checkpoint(checkpoint, what='init_cfg checkpoint')
     except OSError as err:
         if isinstance(err, FileNotFoundError) or is_local_checkpoint(checkpoint):
             raise

@@ -1,12 +1,19 @@
+"""The attention maths as functions, and the fused layers the backbones use.
+
+:func:`pola_linear_attention` (with :func:`set_default_backend`, :data:`BACKENDS` and the
+bound :data:`ALPHA_MAX` of its ``alpha``), the explicit weights of chosen queries and their
+entropy (:func:`pola_attention_weights`, :func:`attention_entropy`, with the learned
+exponent :func:`pola_exponent`), and the fused layers :func:`depthwise_conv2d` and
+:func:`mlp_gelu`. The naive and reference forms of the op are in
+:mod:`polaformer_mm.ops.pola_attention_naive`.
+"""
+from ._pola_common import ALPHA_MAX, pola_exponent
 from .attention_weights import attention_entropy, pola_attention_weights
 from .blocked_mlp import mlp_gelu
 from .depthwise_conv import depthwise_conv2d
-from .pola_attention import (ALPHA_MAX, BACKENDS, check_alpha, pola_exponent, pola_linear_attention,
-                             pola_linear_attention_naive, pola_linear_attention_reference,
-                             polarity_features, set_default_backend)
+from .pola_attention import BACKENDS, pola_linear_attention, set_default_backend
 
 __all__ = [
-    'ALPHA_MAX', 'BACKENDS', 'pola_linear_attention', 'pola_linear_attention_naive',
-    'pola_linear_attention_reference', 'polarity_features', 'set_default_backend', 'pola_exponent',
-    'check_alpha', 'pola_attention_weights', 'attention_entropy', 'depthwise_conv2d', 'mlp_gelu'
+    'pola_linear_attention', 'set_default_backend', 'BACKENDS', 'ALPHA_MAX',
+    'pola_attention_weights', 'attention_entropy', 'pola_exponent', 'depthwise_conv2d', 'mlp_gelu'
 ]

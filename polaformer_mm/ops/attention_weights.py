@@ -31,8 +31,8 @@ from typing import Tuple, Union
 import torch
 from torch import Tensor
 
-from .pola_attention import (_exact_eps, _exact_key_features, _exact_query_features, _exact_shifts,
-                             check_alpha, pola_exponent)
+from ._pola_common import (check_alpha, exact_eps, exact_key_features, exact_query_features,
+                           exact_shifts, pola_exponent)
 
 __all__ = ['pola_attention_weights', 'attention_entropy']
 
@@ -85,15 +85,15 @@ def pola_attention_weights(q_rows: Tensor,
     if torch.is_tensor(eps):
         eps = eps.detach().to(device=q_rows.device, dtype=dtype)
     with torch.no_grad():
-        shifts = _exact_shifts(k, exponent, None)
-        k_planes = _exact_key_features(k, exponent, shifts, None).transpose(-2, -1)  # (2,B,h,d,n)
+        shifts = exact_shifts(k, exponent, None)
+        k_planes = exact_key_features(k, exponent, shifts, None).transpose(-2, -1)  # (2,B,h,d,n)
         weights = []
         for stream, (q_planes,
-                     shift) in enumerate(_exact_query_features(q_rows, exponent, shifts, None)):
+                     shift) in enumerate(exact_query_features(q_rows, exponent, shifts, None)):
             same, other = (0, 1) if stream == 0 else (1, 0)
             scores = (torch.matmul(q_planes[0], k_planes[same])
                       + torch.matmul(q_planes[1], k_planes[other]))  # (B,h,m,n), >= 0
-            weights.append(scores / (scores.sum(dim=-1, keepdim=True) + n * _exact_eps(eps, shift)))
+            weights.append(scores / (scores.sum(dim=-1, keepdim=True) + n * exact_eps(eps, shift)))
     return weights[0], weights[1]
 
 

@@ -1,4 +1,4 @@
-"""Fused Triton implementation of :func:`polaformer_mm.ops.pola_linear_attention`.
+"""Fused Triton backend of :func:`polaformer_mm.ops.pola_linear_attention`.
 
 Forward: one pass over the keys per (batch, head) and split of the key rows builds the
 key summary (``[k+, k-]^T v`` and the feature sums, with a running shift that keeps every
@@ -10,10 +10,16 @@ backward pass: q, k, v, ``power``, ``W``, the key shift and ``eps`` per (batch, 
 
 The kernels use the shared shifts of the torch path (one per query row, one for the keys
 of a (batch, head)). The query pass reports per split its largest reciprocal
-denominator; where one is past the bound at which those shifts may lose a row
-(``polaformer_mm.ops.pola_attention``, "Exponent range"), the call is computed by the
-torch path, whose exact scheme takes such blocks (one flag read back per call).
-Calls without queries take the torch path too.
+denominator, and :func:`pola_linear_attention_triton` says whether one is past the bound
+at which those shifts may lose a row (``polaformer_mm.ops.pola_attention``, "Exponent
+range"); the dispatch then computes the call with the torch path, whose exact scheme
+takes such blocks (one flag read back per call). Calls without queries take the torch
+path too (nothing to launch).
+
+:func:`unsupported_reasons` is the one place that says which inputs the kernels take:
+the dispatch chooses by it (``backend='auto'``) and :func:`check_supported` names its
+reasons when ``backend='triton'`` is forced. :data:`TOLERANCES` is how far the kernels'
+results may lie from the torch path's, per storage dtype (the tests hold them to it).
 
 Storage may be float32, float16 or bfloat16 (any strides); the arithmetic is float32.
 The float32 matrix products follow ``torch.backends.cuda.matmul.allow_tf32`` (IEEE by
@@ -22,38 +28,56 @@ default, as torch's). Install with ``pip install polaformer_mm[triton]``. With
 through Triton's interpreter (the tests use this).
 """
 import os
-from typing import Tuple
+from typing import Dict, List, Tuple
 
 import torch
 from torch import Tensor
 
 from ..utils.compat import triton_status
-from .pola_attention import (EpsType, _assemble_summary, _inexact, _summary_grads, _torch_backend,
-                             _value_split, pola_exponent)
+from ._pola_common import (EpsType, assemble_summary, pola_exponent, shared_shifts_lose_rows,
+                           summary_grads, value_split)
 
 # Triton is optional, and the kernels need 3.0+: with an older Triton, or one that fails to
 # import for any reason, they are unavailable and `backend='auto'` takes the torch path.
-_kernels = None
+#: The kernels' module (:mod:`~polaformer_mm.ops.pola_attention_triton_kernels`) once it
+#: loaded, else None.
+kernels = None
 _import_error = triton_status().reason
 if _import_error is None:
     try:
-        from . import _pola_triton_kernels as _kernels
+        from . import pola_attention_triton_kernels as kernels
     except Exception as error:  # noqa: BLE001  (a Triton whose API differs, a broken build)
         _import_error = (f'the fused kernels do not load with Triton {triton_status().version} '
                          f'({type(error).__name__}: {error})')
 
-__all__ = ['available', 'supports', 'pola_linear_attention_triton', 'MAX_HEAD_DIM']
+__all__ = [
+    'available', 'unavailable_reason', 'unsupported_reasons', 'check_supported',
+    'pola_linear_attention_triton', 'MAX_HEAD_DIM', 'DTYPES', 'TOLERANCES'
+]
 
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_TINY = float(torch.finfo(torch.float32).tiny)
+#: Storage dtypes the kernels take (their arithmetic is float32).
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+#: The smallest normal float32, the kernels' floor of magnitudes and of the scaled eps.
+TINY = float(torch.finfo(torch.float32).tiny)
 
 #: Largest head width the kernels take (their accumulators are d x d blocks).
 MAX_HEAD_DIM = 128
 
+#: Per storage dtype, the largest difference of the kernels' output and gradients from the
+#: torch path's, relative to the largest magnitude of the torch path's result: the kernels
+#: store half-precision outputs and gradients in the input dtype, and the torch path rounds
+#: its float32 result once too, so both differ by about one rounding of that dtype.
+TOLERANCES: Dict[torch.dtype, float] = {
+    torch.float32: 2e-5,
+    torch.float16: 2e-3,
+    torch.bfloat16: 1.6e-2,
+}
+
 
 def available() -> bool:
     """Whether the kernels loaded (Triton >= 3.0 installed and importable)."""
-    return _kernels is not None
+    return kernels is not None
 
 
 def unavailable_reason() -> str:
@@ -61,21 +85,69 @@ def unavailable_reason() -> str:
     return _import_error or ''
 
 
-def supports(q: Tensor, k: Tensor, v: Tensor) -> bool:
-    """Whether the kernels take these inputs (CUDA, float32/16/bf16, d <= 128)."""
-    return (available() and q.device.type == 'cuda' and q.shape[-1] <= MAX_HEAD_DIM
-            and all(t.dtype in _DTYPES for t in (q, k, v)))
-
-
 def _interpreting() -> bool:
+    """Whether Triton's interpreter runs the kernels (on CPU tensors)."""
     return os.environ.get('TRITON_INTERPRET', '0') == '1'
+
+
+def unsupported_reasons(q: Tensor, k: Tensor, v: Tensor, power: Tensor) -> List[str]:
+    """Why the kernels cannot take these inputs, one phrase per reason; empty when they
+    can: the kernels loaded (:func:`available`), CUDA tensors (CPU ones under
+    ``TRITON_INTERPRET=1``), head width at most :data:`MAX_HEAD_DIM`, q, k, v and
+    ``power`` stored in one of :data:`DTYPES`.
+
+    Args:
+        q (Tensor): queries (B, h, N, d).
+        k (Tensor): keys (B, h, n, d).
+        v (Tensor): values (B, h, n, d).
+        power (Tensor): the raw exponent parameter (1, h, 1, d).
+
+    Returns:
+        list[str]: the reasons, in that order.
+    """
+    reasons = []
+    if kernels is None:
+        reasons.append(_import_error)
+    if q.device.type != 'cuda' and not _interpreting():
+        reasons.append(f'the kernels need CUDA tensors (got {q.device})')
+    if q.shape[-1] > MAX_HEAD_DIM:
+        reasons.append(f'head width {q.shape[-1]} > {MAX_HEAD_DIM}')
+    stored = [
+        f'{name} is {t.dtype}' for name, t in (('q', q), ('k', k), ('v', v), ('power', power))
+        if t.dtype not in DTYPES
+    ]
+    if stored:
+        reasons.append(', '.join(stored) + ' (the kernels take float32, float16 and bfloat16)')
+    return reasons
+
+
+def check_supported(q: Tensor, k: Tensor, v: Tensor, power: Tensor) -> None:
+    """Raise unless the kernels take these inputs, naming every reason of
+    :func:`unsupported_reasons`: a RuntimeError when the kernels did not load (it names
+    the installed and the needed Triton), else a ValueError.
+
+    Args:
+        q (Tensor): queries (B, h, N, d).
+        k (Tensor): keys (B, h, n, d).
+        v (Tensor): values (B, h, n, d).
+        power (Tensor): the raw exponent parameter (1, h, 1, d).
+    """
+    reasons = unsupported_reasons(q, k, v, power)
+    if not reasons:
+        return
+    what = 'pola_linear_attention(backend="triton"): ' + '; '.join(reasons)
+    if kernels is None:
+        raise RuntimeError(f'{what} (pip install "polaformer_mm[triton]", or use backend="torch")')
+    raise ValueError(f'{what}; use backend="torch"')
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _block_d(d: int) -> int:
+def block_d(d: int) -> int:
+    """The kernels' ``BLOCK_D`` for head width d: the power of two at least d, and
+    at least 16 (the smallest ``tl.dot`` operand)."""
     return max(16, 1 << (d - 1).bit_length())
 
 
@@ -84,7 +156,7 @@ def _splits(rows: int, bh: int, device: torch.device) -> Tuple[int, int]:
 
     Rows per program are a multiple of every BLOCK_N of the launch configurations.
     """
-    block_n = max(config.kwargs['BLOCK_N'] for config in _kernels.CONFIGS)
+    block_n = max(config.kwargs['BLOCK_N'] for config in kernels.CONFIGS)
     blocks = _cdiv(rows, block_n)
     if device.type == 'cuda':
         target = 4 * torch.cuda.get_device_properties(device).multi_processor_count
@@ -104,8 +176,7 @@ def _precision(device: torch.device) -> str:
 def _meta(d: int, device: torch.device) -> dict:
     """The compile-time arguments of every kernel launch (the autotuner adds BLOCK_N,
     num_warps and num_stages)."""
-    return dict(
-        BLOCK_D=_block_d(d), PRECISION=_precision(device), TINY=_TINY, enable_fp_fusion=True)
+    return dict(BLOCK_D=block_d(d), PRECISION=_precision(device), TINY=TINY, enable_fp_fusion=True)
 
 
 def _eps_per_head(eps: EpsType, B: int, h: int, device: torch.device) -> Tensor:
@@ -132,21 +203,21 @@ class _PolaAttentionTriton(torch.autograd.Function):
         kv_part = torch.empty(bh, splits, 2 * d, d, dtype=torch.float32, device=device)
         sum_part = torch.empty(bh, splits, 2 * d, dtype=torch.float32, device=device)
         shift_part = torch.empty(bh, splits, dtype=torch.float32, device=device)
-        _kernels._key_summary_kernel[(bh, splits)](k, v, p, kv_part, sum_part, shift_part,
-                                                   *k.stride(), *v.stride(), h, n, d, rows, splits,
-                                                   **meta)
+        kernels.key_summary_kernel[(bh, splits)](k, v, p, kv_part, sum_part, shift_part,
+                                                 *k.stride(), *v.stride(), h, n, d, rows, splits,
+                                                 **meta)
         k_shift = shift_part.amax(dim=1)
         rescale = torch.exp(shift_part - k_shift[:, None])
         kv = torch.einsum('bsij,bs->bij', kv_part, rescale).div_(n)
         k_mean = torch.einsum('bsi,bs->bi', sum_part, rescale).div_(n)
-        W = _assemble_summary(kv, k_mean).contiguous()
+        W = assemble_summary(kv, k_mean).contiguous()
 
         out = torch.empty_like(q)
         rows, splits = _splits(N, bh, device)
         worst = torch.empty(bh, splits, dtype=torch.float32, device=device)
-        _kernels._query_forward_kernel[(bh, splits)](q, W, p, eps_bh, k_shift, out, worst,
-                                                     *q.stride(), *out.stride(), h, N, d,
-                                                     _value_split(d), rows, splits, **meta)
+        kernels.query_forward_kernel[(bh, splits)](q, W, p, eps_bh, k_shift, out, worst,
+                                                   *q.stride(), *out.stride(), h, N, d,
+                                                   value_split(d), rows, splits, **meta)
         ctx.alpha = alpha
         ctx.save_for_backward(q, k, v, power, W, k_shift, eps_bh)
         ctx.mark_non_differentiable(worst)
@@ -167,11 +238,11 @@ class _PolaAttentionTriton(torch.autograd.Function):
         rows, splits = _splits(N, bh, device)
         gw_part = torch.empty(bh, splits, 2 * d, d + 2, dtype=torch.float32, device=device)
         gp_q = torch.empty(bh, splits, d, dtype=torch.float32, device=device)
-        _kernels._query_backward_kernel[(bh, splits)](q, grad_out, W, p, eps_bh, k_shift, g_q,
-                                                      gw_part, gp_q, *q.stride(),
-                                                      *grad_out.stride(), *g_q.stride(), h, N, d,
-                                                      _value_split(d), rows, splits, **meta)
-        g_kv, g_mean = _summary_grads(gw_part.sum(dim=1), d)
+        kernels.query_backward_kernel[(bh, splits)](q, grad_out, W, p, eps_bh, k_shift, g_q,
+                                                    gw_part, gp_q, *q.stride(),
+                                                    *grad_out.stride(), *g_q.stride(), h, N, d,
+                                                    value_split(d), rows, splits, **meta)
+        g_kv, g_mean = summary_grads(gw_part.sum(dim=1), d)
         g_kv = g_kv.div_(n).contiguous()
         g_mean = g_mean.div_(n).contiguous()
 
@@ -179,9 +250,9 @@ class _PolaAttentionTriton(torch.autograd.Function):
         g_v = torch.empty_like(v)
         rows, splits = _splits(n, bh, device)
         gp_k = torch.empty(bh, splits, d, dtype=torch.float32, device=device)
-        _kernels._key_backward_kernel[(bh, splits)](k, v, p, k_shift, g_kv, g_mean, g_k, g_v, gp_k,
-                                                    *k.stride(), *v.stride(), *g_k.stride(),
-                                                    *g_v.stride(), h, n, d, rows, splits, **meta)
+        kernels.key_backward_kernel[(bh, splits)](k, v, p, k_shift, g_kv, g_mean, g_k, g_v, gp_k,
+                                                  *k.stride(), *v.stride(), *g_k.stride(),
+                                                  *g_v.stride(), h, n, d, rows, splits, **meta)
         g_p = (gp_q.sum(dim=1) + gp_k.sum(dim=1)).reshape(B, h, d).sum(dim=0)
         s = torch.sigmoid(power.detach().float()).reshape(h, d)
         g_power = g_p.mul_(s * (1 - s) * ctx.alpha).reshape(power.shape).to(power.dtype)
@@ -189,9 +260,10 @@ class _PolaAttentionTriton(torch.autograd.Function):
 
 
 def pola_linear_attention_triton(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: float,
-                                 eps: EpsType) -> Tensor:
+                                 eps: EpsType) -> Tuple[Tensor, bool]:
     """The fused kernels; arguments as :func:`~polaformer_mm.ops.pola_linear_attention`
-    (already checked there). Returns q's dtype; computes in float32.
+    (already checked there), inputs the kernels take (:func:`check_supported`, which
+    this calls) and at least one query (B, N >= 1). Computes in float32.
 
     Args:
         q (Tensor): queries (B, h, N, d), on CUDA (CPU under ``TRITON_INTERPRET=1``).
@@ -202,31 +274,15 @@ def pola_linear_attention_triton(q: Tensor, k: Tensor, v: Tensor, power: Tensor,
         eps (float | Tensor): a float or a tensor broadcastable to (B, h, 1, 1).
 
     Returns:
-        Tensor: (B, h, N, d) in q's dtype and memory layout.
+        tuple[Tensor, bool]: the output (B, h, N, d) in q's dtype and memory layout, and
+        whether the shared shifts lost some row (large ``alpha``, magnitudes far apart):
+        then that output is not the op's, and the caller computes the call with the
+        torch path, whose exact scheme takes such rows.
     """
-    if _kernels is None:
-        raise RuntimeError(f'pola_linear_attention(backend="triton"): {_import_error} '
-                           '(pip install "polaformer_mm[triton]", or use backend="torch")')
-    if q.device.type != 'cuda' and not _interpreting():
-        raise ValueError('pola_linear_attention(backend="triton") needs CUDA tensors '
-                         f'(got {q.device}); use backend="torch" on the CPU')
-    if q.shape[-1] > MAX_HEAD_DIM:
-        raise ValueError(f'pola_linear_attention(backend="triton"): head width '
-                         f'{q.shape[-1]} > {MAX_HEAD_DIM}; use backend="torch"')
-    for name, t in (('q', q), ('k', k), ('v', v), ('power', power)):
-        if t.dtype not in _DTYPES:
-            raise ValueError(f'pola_linear_attention(backend="triton"): {name} is '
-                             f'{t.dtype}; the kernels take {_DTYPES} '
-                             '(use backend="torch" for float64)')
-        if t.device != q.device:
-            raise ValueError(f'pola_linear_attention: {name} is on {t.device}, q on '
-                             f'{q.device}')
-    if q.shape[0] == 0 or q.shape[2] == 0:  # no query: nothing to launch
-        return _torch_backend(q, k, v, power, alpha, eps, None)
+    check_supported(q, k, v, power)
+    if q.shape[0] == 0 or q.shape[2] == 0:
+        raise ValueError('pola_linear_attention_triton: no queries (q shape '
+                         f'{tuple(q.shape)}), nothing to launch; the torch path takes such calls')
     with torch.autocast(q.device.type, enabled=False):
         out, worst = _PolaAttentionTriton.apply(q, k, v, power, alpha, eps)
-    if _inexact(worst):
-        # some rows lie far below the shared shifts (large alpha, magnitudes far
-        # apart): the torch path, whose exact scheme takes such blocks
-        return _torch_backend(q, k, v, power, alpha, eps, None)
-    return out
+    return out, shared_shifts_lose_rows(worst)

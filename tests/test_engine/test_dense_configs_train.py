@@ -35,7 +35,7 @@ def test_one_iteration_and_validation(path, data_root, tmp_path):
     cfg = entry.load_config(path)
     smoke_config(cfg, data_root, tmp_path)
     runner = entry.build_runner(cfg)
-    seen = _MetricsCatcher()
+    seen = MetricsCatcher()
     runner.register_hook(seen)
     before = {k: v.detach().clone() for k, v in runner.model.named_parameters() if v.requires_grad}
     runner.train()
@@ -60,7 +60,7 @@ def test_one_iteration_and_validation(path, data_root, tmp_path):
         assert 'mIoU' in seen.metrics, seen.metrics
 
 
-class _MetricsCatcher(Hook):
+class MetricsCatcher(Hook):
     priority = 'LOWEST'
 
     def __init__(self):

@@ -9,7 +9,7 @@ import pytest
 
 from polaformer_mm.engine import entry
 from .._smoke import classification_root, smoke_classification_config
-from .test_dense_configs_train import _MetricsCatcher
+from .test_dense_configs_train import MetricsCatcher
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 IMAGENET = sorted(glob.glob(osp.join(REPO, 'configs', 'imagenet', '*.py')))
@@ -29,7 +29,7 @@ def test_one_iteration_and_validation(path, data_root, tmp_path):
     cfg = entry.load_config(path)
     smoke_classification_config(cfg, data_root, tmp_path)
     runner = entry.build_runner(cfg)
-    seen = _MetricsCatcher()
+    seen = MetricsCatcher()
     runner.register_hook(seen)
     runner.train()
     assert runner.iter == 1

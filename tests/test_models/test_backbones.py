@@ -300,12 +300,12 @@ def test_linear_window_padding_equals_the_unpadded_map(hw):
 def test_linear_window_shift_follows_the_official_rule():
     """Odd blocks shift by half a window when the map exceeds the window along both
     sides (padding does not change which tokens share a window before the roll)."""
-    from polaformer_mm.models.backbones.pola_swin import _window_shift
-    assert _window_shift((112, 112), 56, True) == 28
-    assert _window_shift((56, 56), 56, True) == 0
-    assert _window_shift((200, 334), 56, True) == 28
-    assert _window_shift((40, 334), 56, True) == 0
-    assert _window_shift((200, 334), 56, False) == 0
+    from polaformer_mm.models.window_geometry import window_shift
+    assert window_shift((112, 112), 56, True) == 28
+    assert window_shift((56, 56), 56, True) == 0
+    assert window_shift((200, 334), 56, True) == 28
+    assert window_shift((40, 334), 56, True) == 0
+    assert window_shift((200, 334), 56, False) == 0
     torch.manual_seed(0)
     model = PolaSwin(
         arch=dict(embed_dims=16, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8]),

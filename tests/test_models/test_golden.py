@@ -38,10 +38,10 @@ def test_relative_position_index_matches_official_buffer(golden_dir):
 
 
 def test_shift_mask_matches_official_buffer(golden_dir):
-    from polaformer_mm.models.backbones.pola_swin import _window_mask
+    from polaformer_mm.models.window_geometry import window_mask
     data = load_golden(golden_dir, 'pola_swin_micro_LLSS.pt')
     official = data['state_dict']['layers.2.blocks.1.attn_mask']  # 14x14, window 7
-    ours = _window_mask(14, 14, 7, 3, torch.device('cpu'))
+    ours = window_mask(14, 14, 7, 3, torch.device('cpu'))
     # the same pairs masked; -inf where the official buffer holds -100 (the same
     # softmax to float precision, without subnormal weights)
     assert set(official.unique().tolist()) == {0., -100.}

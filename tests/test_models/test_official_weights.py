@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from polaformer_mm import PolaPVT, PolaSwin
-from polaformer_mm.models.official_weights import convert_official_checkpoint, load_checkpoint_file
+from polaformer_mm.models.official_weights import convert_official_checkpoint
 from polaformer_mm.models.utils import nlc_to_nchw
+from polaformer_mm.utils.checkpoint_io import load_checkpoint
 from ._golden import backbone_cfg, load_golden
 from ._official_files import save_official
 
@@ -44,7 +45,7 @@ def test_convert_yacs_carrying_file(golden_dir, tmp_path, name):
 
 def test_official_file_config_is_kept_as_plain_data(golden_dir, tmp_path):
     data = load_golden(golden_dir, 'pola_pvt_micro_LLLL.pt')
-    obj = load_checkpoint_file(save_official(tmp_path / 'o.pth', data['state_dict']))
+    obj = load_checkpoint(save_official(tmp_path / 'o.pth', data['state_dict']))
     assert obj['config']['MODEL']['TYPE'] == 'pola_pvt'
     assert obj['epoch'] == 299
 
@@ -59,7 +60,7 @@ def test_refuses_arbitrary_objects(tmp_path):
     path = tmp_path / 'evil.pth'
     torch.save({'model': {'w': torch.zeros(1)}, 'x': Payload()}, path)
     with pytest.raises(RuntimeError, match='weights-only'):
-        load_checkpoint_file(str(path))
+        load_checkpoint(str(path))
 
 
 @pytest.mark.parametrize('name', ['pola_pvt_micro_LLLL.pt', 'pola_swin_micro_LLSS.pt'])
@@ -215,10 +216,10 @@ def test_registered_scheme_cannot_switch_weights_only_off(tmp_path, monkeypatch)
             tmp_path / filename[len('polatest://'):], map_location=map_location, weights_only=False)
 
     CheckpointLoader.register_scheme('polatest://', load_from_polatest)
-    obj = load_checkpoint_file('polatest://good.pth')
+    obj = load_checkpoint('polatest://good.pth')
     assert torch.equal(obj['state_dict']['w'], torch.ones(2))
     with pytest.raises(CheckpointError, match='refuses .*getcwd'):
-        load_checkpoint_file('polatest://evil.pth')
+        load_checkpoint('polatest://evil.pth')
     assert 'TORCH_FORCE_WEIGHTS_ONLY_LOAD' not in os.environ  # the scope is left
 
 

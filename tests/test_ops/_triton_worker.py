@@ -107,8 +107,9 @@ def run_case(B, h, N, n, d, dtype, what):
         }
     if what == 'one_sign':  # the kernels' forward says so, and the result is exact
         from polaformer_mm.ops import pola_attention_triton
-        _, worst = pola_attention_triton._PolaAttentionTriton.apply(q, k, v, power, alpha, eps)
-        result['shared_shifts_lose_rows'] = pola_attention_triton._inexact(worst)
+        _, rows_lost = pola_attention_triton.pola_linear_attention_triton(
+            q, k, v, power, alpha, eps)
+        result['shared_shifts_lose_rows'] = rows_lost
         exact = _run(*(t.double() for t in (q, k, v, power)), eps, grad.double(), 'torch', alpha)[0]
         result['exact_abs_err'] = float((tri[0].double() - exact).abs().max())
     if what == 'padded':  # and the torch path on the real keys alone
@@ -138,17 +139,17 @@ def lower_for_sm90():
     from triton.compiler import ASTSource
     from triton.compiler.compiler import make_backend
 
-    from polaformer_mm.ops import _pola_triton_kernels as kernels
-    from polaformer_mm.ops.pola_attention_triton import _TINY, _block_d
+    from polaformer_mm.ops import pola_attention_triton_kernels as kernels
+    from polaformer_mm.ops.pola_attention_triton import TINY, block_d
 
     pointer_args = {
-        '_key_summary_kernel':
+        'key_summary_kernel':
         dict(K='x', V='x', P='f', KV='f', KMEAN='f', KMAX='f'),
-        '_query_forward_kernel':
+        'query_forward_kernel':
         dict(Q='x', W='f', P='f', EPS='f', KMAX='f', OUT='x', WORST='f'),
-        '_query_backward_kernel':
+        'query_backward_kernel':
         dict(Q='x', GO='x', W='f', P='f', EPS='f', KMAX='f', GQ='x', GW='f', GP='f'),
-        '_key_backward_kernel':
+        'key_backward_kernel':
         dict(K='x', V='x', P='f', KMAX='f', GKV='f', GMEAN='f', GK='x', GV='x', GP='f'),
     }
     target = GPUTarget('cuda', 90, 32)
@@ -159,7 +160,7 @@ def lower_for_sm90():
     cases += [(64, 'bf16', config) for config in kernels.CONFIGS]
     for d, dtype, config in cases:
         constants = dict(
-            BLOCK_N=config.kwargs['BLOCK_N'], BLOCK_D=_block_d(d), PRECISION='ieee', TINY=_TINY)
+            BLOCK_N=config.kwargs['BLOCK_N'], BLOCK_D=block_d(d), PRECISION='ieee', TINY=TINY)
         options = backend.parse_options(
             dict(num_warps=config.num_warps, num_stages=config.num_stages, enable_fp_fusion=True))
         for name, pointers in pointer_args.items():

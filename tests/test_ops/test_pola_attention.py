@@ -4,9 +4,10 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from polaformer_mm.ops import (ALPHA_MAX, pola_linear_attention, pola_linear_attention_naive,
-                               pola_linear_attention_reference, polarity_features,
-                               set_default_backend)
+from polaformer_mm.ops import ALPHA_MAX, pola_linear_attention, set_default_backend
+from polaformer_mm.ops.pola_attention_naive import (pola_linear_attention_naive,
+                                                    pola_linear_attention_reference,
+                                                    polarity_features)
 
 IMPLS = [pola_linear_attention, pola_linear_attention_naive]
 
@@ -221,6 +222,38 @@ def test_backend_choice():
         set_default_backend(previous)
     with pytest.raises((ValueError, RuntimeError), match='Triton|CUDA'):
         pola_linear_attention(q.float(), k.float(), v.float(), power.float(), backend='triton')
+
+
+def test_forced_triton_names_every_reason_the_kernels_refuse_the_inputs():
+    """One list of reasons (the Triton backend's) decides 'auto' and words the error of
+    a forced 'triton': float64 CPU tensors wider than the kernels' head width give all
+    of them, in one message."""
+    from polaformer_mm.ops import pola_attention_triton as kernels
+    q, k, v, power = _inputs(N=4, n=3, d=kernels.MAX_HEAD_DIM + 2)
+    reasons = kernels.unsupported_reasons(q, k, v, power)
+    assert 'the kernels need CUDA tensors (got cpu)' in reasons
+    assert f'head width {kernels.MAX_HEAD_DIM + 2} > {kernels.MAX_HEAD_DIM}' in reasons
+    assert ('q is torch.float64, k is torch.float64, v is torch.float64, power is '
+            'torch.float64 (the kernels take float32, float16 and bfloat16)') in reasons
+    assert kernels.available() == (kernels.unavailable_reason() not in reasons)
+    error = ValueError if kernels.available() else RuntimeError
+    with pytest.raises(error) as info:
+        pola_linear_attention(q, k, v, power, backend='triton')
+    assert all(reason in str(info.value) for reason in reasons), (reasons, str(info.value))
+    assert 'use backend="torch"' in str(info.value)
+    # inputs the kernels take but for the device: only that (and Triton's absence)
+    q, k, v, power = (t[..., :8].float() for t in (q, k, v, power))
+    left = kernels.unsupported_reasons(q, k, v, power)
+    expected = ['the kernels need CUDA tensors (got cpu)']
+    if not kernels.available():
+        expected.insert(0, kernels.unavailable_reason())
+    assert left == expected
+    # 'auto' on the CPU never asks: the torch path
+    torch.testing.assert_close(
+        pola_linear_attention(q, k, v, power, backend='auto'),
+        pola_linear_attention(q, k, v, power, backend='torch'),
+        rtol=0,
+        atol=0)
 
 
 def test_output_keeps_the_layout_of_q():
@@ -474,14 +507,14 @@ def test_blocks_give_the_result_of_the_whole(monkeypatch, shape, block):
     """The torch path runs over blocks of tokens / batch entries: forced to small
     blocks it gives the values and gradients (q, k, v, power, scale) of the explicit
     weights, with per-entry eps and queries in the token layout."""
-    from polaformer_mm.ops import pola_attention as module
-    monkeypatch.setattr(module, '_BLOCK_ELEMENTS', block)
+    from polaformer_mm.ops import pola_attention_torch as module
+    monkeypatch.setattr(module, 'BLOCK_ELEMENTS', block)
     q, k, v, power = _inputs(**shape, seed=3)
     B, h, N, d = q.shape
     q = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, N, h, d) in memory
-    blocks_q, blocks_k = len(list(module._blocks(q))), len(list(module._blocks(k)))
+    blocks_q, blocks_k = len(list(module.token_blocks(q))), len(list(module.token_blocks(k)))
     assert (blocks_q, blocks_k) != (1, 1) if block < 100 else (blocks_q, blocks_k) == (1, 1)
-    assert len(list(module._blocks(q.to('meta')))) == 1  # one block off the CPU
+    assert len(list(module.token_blocks(q.to('meta')))) == 1  # one block off the CPU
     s = torch.nn.functional.softplus(torch.randn(1, h, 1, d, dtype=torch.float64))
     eps = torch.rand(B, 1, 1, 1, dtype=torch.float64) + 0.01
     weights = torch.randn(q.shape, dtype=torch.float64)
@@ -501,7 +534,7 @@ def test_blocks_give_the_result_of_the_whole(monkeypatch, shape, block):
 # --- every alpha the op takes: exact, or refused ----------------------------------------
 
 
-def _log_domain_reference(q, k, v, power, alpha, eps=1e-6):
+def log_domain_reference(q, k, v, power, alpha, eps=1e-6):
     """The op's formula in float64 with every score in the log domain: for each (query,
     key) pair the log of sum_j q_j^p k_j^p over the pairs of channels of one stream's
     signs (a log-sum-exp over the channels), and the normalised weights from a
@@ -530,7 +563,7 @@ def test_log_domain_reference_is_the_reference():
     eps = torch.rand(2, 3, 1, 1, dtype=torch.float64) * 0.1 + 1e-3
     for alpha in (4.0, 30.0):
         torch.testing.assert_close(
-            _log_domain_reference(q, k, v, power, alpha, eps),
+            log_domain_reference(q, k, v, power, alpha, eps),
             pola_linear_attention_reference(q, k, v, power, alpha, eps),
             rtol=1e-11,
             atol=1e-12)
@@ -557,7 +590,7 @@ def test_float32_within_1e_4_of_the_exact_result_for_every_alpha_it_takes(alpha,
     (batch, head)'s keys) floor whole streams once alpha times the spread of log|x|
     passes float32's exponent range; those blocks take the exact scheme."""
     q, k, v, power = _moderate_inputs(kind)
-    exact = _log_domain_reference(q, k, v, power, alpha)
+    exact = log_domain_reference(q, k, v, power, alpha)
     out = pola_linear_attention(q, k, v, power, alpha)
     assert (out.double() - exact).abs().max() <= 1e-4
 
@@ -568,7 +601,7 @@ def test_float32_gradients_at_large_alpha(alpha):
     weights = torch.randn(q.shape, dtype=torch.float64)
     _, grads = _grads(pola_linear_attention, (q, k, v, power), weights.float(), alpha=alpha)
     ref_inputs = [t.double() for t in (q, k, v, power)]
-    _, expected = _grads(_log_domain_reference, ref_inputs, weights, alpha=alpha)
+    _, expected = _grads(log_domain_reference, ref_inputs, weights, alpha=alpha)
     for name, g, g_ref in zip('q k v power'.split(), grads, expected):
         assert torch.isfinite(g).all(), name
         scale = g_ref.abs().max().item()
@@ -579,7 +612,7 @@ def test_float64_exact_at_the_bound():
     q, k, v, power = (t.double() for t in _moderate_inputs('large', N=20, n=16, d=8))
     weights = torch.randn(q.shape, dtype=torch.float64)
     out, grads = _grads(pola_linear_attention, (q, k, v, power), weights, alpha=ALPHA_MAX)
-    ref, expected = _grads(_log_domain_reference, (q, k, v, power), weights, alpha=ALPHA_MAX)
+    ref, expected = _grads(log_domain_reference, (q, k, v, power), weights, alpha=ALPHA_MAX)
     torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
     for name, g, g_ref in zip('q k v power'.split(), grads, expected):
         torch.testing.assert_close(g, g_ref, rtol=1e-6, atol=1e-6 * g_ref.abs().max(), msg=name)
@@ -592,22 +625,22 @@ def test_fast_and_exact_blocks_in_one_call(monkeypatch):
     all lie far below the shared shifts); small blocks, so that both kinds occur in one
     call (and a scale). Keys that far apart send the whole call to the exact scheme at
     once; here that shortcut is held off, so that the test of every block decides."""
-    from polaformer_mm.ops import pola_attention as module
-    monkeypatch.setattr(module, '_BLOCK_ELEMENTS', 64)
-    monkeypatch.setattr(module, '_beyond_shared_shifts', lambda *args: False)
+    from polaformer_mm.ops import pola_attention_torch as module
+    monkeypatch.setattr(module, 'BLOCK_ELEMENTS', 64)
+    monkeypatch.setattr(module, 'beyond_shared_shifts', lambda *args: False)
     q, k, v, power = _inputs(B=2, h=2, N=30, n=20, d=4, seed=5)
     k[1] = torch.where(k[1] > 0, k[1] * 30, k[1] * 0.001)
     q[1] = -q[1].abs() * 30
     power = 3 + 0.1 * power  # exponents near 96
     s = torch.nn.functional.softplus(torch.randn(1, 2, 1, 4, dtype=torch.float64))
     decisions = []
-    inexact = module._inexact
+    inexact = module.shared_shifts_lose_rows
 
     def recording(inv_den):
         decisions.append(inexact(inv_den))
         return decisions[-1]
 
-    monkeypatch.setattr(module, '_inexact', recording)
+    monkeypatch.setattr(module, 'shared_shifts_lose_rows', recording)
     weights = torch.randn(q.shape, dtype=torch.float64)
     leaves = [t.clone().requires_grad_() for t in (q, k, v, power, s)]
     out = pola_linear_attention(*leaves[:4], alpha=100.0, eps=1e-3, scale=leaves[4])
@@ -615,7 +648,7 @@ def test_fast_and_exact_blocks_in_one_call(monkeypatch):
     assert True in decisions and False in decisions, decisions
     ref_leaves = [t.clone().requires_grad_() for t in (q, k, v, power, s)]
     q_, k_, v_, p_, s_ = ref_leaves
-    ref = _log_domain_reference(q_ / s_, k_ / s_, v_, p_, 100.0, eps=1e-3)
+    ref = log_domain_reference(q_ / s_, k_ / s_, v_, p_, 100.0, eps=1e-3)
     expected = torch.autograd.grad((ref * weights).sum(), ref_leaves)
     torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
     for name, g, g_ref in zip('q k v power scale'.split(), grads, expected):
@@ -703,14 +736,15 @@ def test_a_scale_that_is_not_positive_is_refused(bad):
 def test_keys_beyond_the_shared_range_take_the_exact_scheme_at_once(monkeypatch):
     """A channel whose negative keys all lie under the shared shifts' floor: every block
     is computed with the exact scheme without first trying the shared one."""
-    from polaformer_mm.ops import pola_attention as module
+    from polaformer_mm.ops import pola_attention_torch as module
     tested = []
-    inexact = module._inexact
-    monkeypatch.setattr(module, '_inexact', lambda inv_den: tested.append(1) or inexact(inv_den))
+    inexact = module.shared_shifts_lose_rows
+    monkeypatch.setattr(module, 'shared_shifts_lose_rows',
+                        lambda inv_den: tested.append(1) or inexact(inv_den))
     q, k, v, power = _moderate_inputs('plain', N=40, n=30, d=8)
     k[..., 0] = torch.where(k[..., 0] > 0, k[..., 0] * 3, k[..., 0] * 1e-3)
     out = pola_linear_attention(q, k, v, power, ALPHA_MAX)
     assert not tested
-    assert (out.double() - _log_domain_reference(q, k, v, power, ALPHA_MAX)).abs().max() <= 1e-4
+    assert (out.double() - log_domain_reference(q, k, v, power, ALPHA_MAX)).abs().max() <= 1e-4
     pola_linear_attention(q, k, v, power, 4.0)
     assert tested  # at alpha 4 the same keys stay in range

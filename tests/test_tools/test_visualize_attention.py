@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from polaformer_mm.models.backbones.pola_swin import window_reverse
+from polaformer_mm.models.window_geometry import window_reverse
 from polaformer_mm.ops import pola_linear_attention
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))

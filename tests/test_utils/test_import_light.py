@@ -1,14 +1,9 @@
 """``import polaformer_mm``, the op and both backbones need torch, mmengine and mmcv's
 Python part only: no mmdet / mmseg / mmpretrain is imported, and no compiled mmcv op is
 loaded, so a bare GPU machine can check them with a few small wheels."""
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from .._fresh_python import fresh_python_json
 
 SCRIPT = r'''
 import json, sys
@@ -30,19 +25,7 @@ print('@@modules ' + json.dumps(dict(after_import=after_import, after_run=sorted
 
 @pytest.fixture(scope='module')
 def modules():
-    env = dict(
-        os.environ,
-        PYTHONPATH=REPO + os.pathsep + os.environ.get('PYTHONPATH', ''),
-        OMP_NUM_THREADS='1')
-    proc = subprocess.run([sys.executable, '-c', SCRIPT],
-                          cwd=REPO,
-                          env=env,
-                          capture_output=True,
-                          text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [x for x in proc.stdout.splitlines() if x.startswith('@@modules ')][0]
-    return json.loads(line[len('@@modules '):])
+    return fresh_python_json(SCRIPT, '@@modules')
 
 
 def _top(names):

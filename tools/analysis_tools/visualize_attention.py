@@ -83,7 +83,7 @@ from mmengine.registry import init_default_scope  # noqa: E402
 from polaformer_mm.engine.entry import load_config, task_of  # noqa: E402
 from polaformer_mm.models.attention import PolaLinearAttention  # noqa: E402
 from polaformer_mm.models.backbones.pola_swin import SwinBlock as PolaSwinBlock  # noqa: E402
-from polaformer_mm.models.backbones.pola_swin import _window_shift  # noqa: E402
+from polaformer_mm.models.window_geometry import window_shift  # noqa: E402
 from polaformer_mm.models.official_weights import convert_official_state_dict  # noqa: E402
 from polaformer_mm.models.official_weights import detect_official_family  # noqa: E402
 from polaformer_mm.models.official_weights import extract_state_dict  # noqa: E402
@@ -457,7 +457,7 @@ class PolaSite(Site):
         self._projected = None
         if isinstance(parent, PolaSwinBlock) and parent.window_size is not None:
             ws = parent.window_size
-            self.window = (ws, _window_shift(self.stage_hw, ws, parent.shifted))
+            self.window = (ws, window_shift(self.stage_hw, ws, parent.shifted))
             self.key_hw = self.stage_hw
         else:
             self.window = None

@@ -1,7 +1,7 @@
 """Triton kernels of the fused polarity-aware linear attention.
 
-Imported only by :mod:`polaformer_mm.ops.pola_attention_triton`, and only when Triton is
-installed. All arithmetic is float32 whatever the storage dtype. Notation as in
+Imported by :mod:`polaformer_mm.ops.pola_attention_triton` (and the tests), and only when
+Triton is installed. All arithmetic is float32 whatever the storage dtype. Notation as in
 :mod:`polaformer_mm.ops.pola_attention`: ``W`` (2d x (d+2)) is the key summary (rows
 0..d-1 multiply q+, rows d..2d-1 multiply q-; columns: d numerators, then the
 denominators of the same-signed and the opposite stream). A feature is
@@ -77,10 +77,10 @@ def _load_summary(W, offs_d, d, d_mask):
 
 @_autotune
 @triton.jit
-def _key_summary_kernel(K, V, P, KV, KMEAN, KMAX, stride_kb, stride_kh, stride_kn, stride_kd,
-                        stride_vb, stride_vh, stride_vn, stride_vd, H, n, d, rows_per_split,
-                        n_splits, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                        PRECISION: tl.constexpr, TINY: tl.constexpr):
+def key_summary_kernel(K, V, P, KV, KMEAN, KMAX, stride_kb, stride_kh, stride_kn, stride_kd,
+                       stride_vb, stride_vh, stride_vn, stride_vd, H, n, d, rows_per_split,
+                       n_splits, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                       PRECISION: tl.constexpr, TINY: tl.constexpr):
     """Per (batch*head, split): [k+, k-]^T v, the feature sums and the shift used.
 
     Within a split the shift is the running max of p log|k| (at least 0); the
@@ -142,10 +142,10 @@ def _query_features(q, p, TINY: tl.constexpr):
 
 @_autotune
 @triton.jit
-def _query_forward_kernel(Q, W, P, EPS, KMAX, OUT, WORST, stride_qb, stride_qh, stride_qn,
-                          stride_qd, stride_ob, stride_oh, stride_on, stride_od, H, N, d, d1,
-                          rows_per_split, n_splits, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                          PRECISION: tl.constexpr, TINY: tl.constexpr):
+def query_forward_kernel(Q, W, P, EPS, KMAX, OUT, WORST, stride_qb, stride_qh, stride_qn, stride_qd,
+                         stride_ob, stride_oh, stride_on, stride_od, H, N, d, d1, rows_per_split,
+                         n_splits, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                         PRECISION: tl.constexpr, TINY: tl.constexpr):
     """Blocks of queries: features in registers, times W, divided per stream. WORST gets
     per (batch*head, split) the largest reciprocal denominator of its rows, which tells
     the caller whether the shared shifts carried them."""
@@ -188,11 +188,11 @@ def _query_forward_kernel(Q, W, P, EPS, KMAX, OUT, WORST, stride_qb, stride_qh, 
 
 @_autotune
 @triton.jit
-def _query_backward_kernel(Q, GO, W, P, EPS, KMAX, GQ, GW, GP, stride_qb, stride_qh, stride_qn,
-                           stride_qd, stride_gob, stride_goh, stride_gon, stride_god, stride_gqb,
-                           stride_gqh, stride_gqn, stride_gqd, H, N, d, d1, rows_per_split,
-                           n_splits, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                           PRECISION: tl.constexpr, TINY: tl.constexpr):
+def query_backward_kernel(Q, GO, W, P, EPS, KMAX, GQ, GW, GP, stride_qb, stride_qh, stride_qn,
+                          stride_qd, stride_gob, stride_goh, stride_gon, stride_god, stride_gqb,
+                          stride_gqh, stride_gqn, stride_gqd, H, N, d, d1, rows_per_split, n_splits,
+                          BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+                          TINY: tl.constexpr):
     """Gradient of q, and per split the partial gradients of W and of the exponent."""
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -266,11 +266,11 @@ def _query_backward_kernel(Q, GO, W, P, EPS, KMAX, GQ, GW, GP, stride_qb, stride
 
 @_autotune
 @triton.jit
-def _key_backward_kernel(K, V, P, KMAX, GKV, GMEAN, GK, GV, GP, stride_kb, stride_kh, stride_kn,
-                         stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_gkb,
-                         stride_gkh, stride_gkn, stride_gkd, stride_gvb, stride_gvh, stride_gvn,
-                         stride_gvd, H, n, d, rows_per_split, n_splits, BLOCK_N: tl.constexpr,
-                         BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, TINY: tl.constexpr):
+def key_backward_kernel(K, V, P, KMAX, GKV, GMEAN, GK, GV, GP, stride_kb, stride_kh, stride_kn,
+                        stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_gkb,
+                        stride_gkh, stride_gkn, stride_gkd, stride_gvb, stride_gvh, stride_gvn,
+                        stride_gvd, H, n, d, rows_per_split, n_splits, BLOCK_N: tl.constexpr,
+                        BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, TINY: tl.constexpr):
     """Gradients of k and v from those of [k+, k-]^T v / n (GKV) and the key means."""
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
