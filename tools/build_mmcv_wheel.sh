@@ -9,12 +9,12 @@ PY=${1:?usage: build_mmcv_wheel.sh PYTHON}
 MMCV_VERSION=${MMCV_VERSION:-2.1.0}
 CACHE_ROOT=${POLA_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/polaformer_mm/wheels}
 
-# How to build the ops (polaformer_mm/utils/mmcv_ops.py decides; it imports nothing of the
-# package): CPU ops for a CPU torch; for a CUDA torch, CUDA ops for TORCH_CUDA_ARCH_LIST
+# How to build the ops (tools/mmcv_build_plan.py decides; it imports nothing of the
+# package, which is not installed yet): CPU ops for a CPU torch; for a CUDA torch, CUDA ops for TORCH_CUDA_ARCH_LIST
 # (default: the visible GPUs), and a stop with the fix when there is no nvcc, unless
 # POLA_MMCV_CPU_ONLY=1 asks for CPU-only ops.
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-PLAN=$("$PY" "$HERE/../polaformer_mm/utils/mmcv_ops.py" plan) || exit 1
+PLAN=$("$PY" "$HERE/mmcv_build_plan.py") || exit 1
 read -r KEY FORCE_CUDA ARCH_LIST HIDE_GPUS <<<"$PLAN"
 BUILD_ENV=(MMCV_WITH_OPS=1 FORCE_CUDA="$FORCE_CUDA" MAX_JOBS="${MAX_JOBS:-$(nproc)}")
 if [ "$ARCH_LIST" != "-" ]; then BUILD_ENV+=(TORCH_CUDA_ARCH_LIST="$ARCH_LIST"); fi

@@ -13,7 +13,6 @@ prediction PNGs. --show-dir: images with predictions drawn. --tta: test-time
 augmentation (the config's tta_model / tta_pipeline; segmentation and box detectors).
 The metrics are also written to <work dir>/test_metrics.json.
 """
-import argparse
 import os.path as osp
 import sys
 
@@ -22,14 +21,12 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 # polaformer_mm before anything that imports torchvision: keep this order
 # isort: off
 import polaformer_mm  # noqa: E402,F401  (before torchvision; registers the runner)
-from mmengine.config import DictAction  # noqa: E402
 from polaformer_mm.engine import entry  # noqa: E402
 # isort: on
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description='Test a checkpoint with a polaformer_mm config')
-    p.add_argument('config', help='config file (mmdet, mmseg or mmpretrain)')
+    p = entry.tool_parser('Test a checkpoint with a polaformer_mm config')
     p.add_argument('checkpoint', help='checkpoint file (path or URL)')
     p.add_argument('--work-dir', help='where the evaluation log goes')
     p.add_argument('--out', help='dump predictions (.pkl; a folder for segmentation)')
@@ -41,22 +38,14 @@ def parse_args(argv=None):
         action='store_true',
         help="test-time augmentation with the config's tta_model / tta_pipeline "
         '(ADE20K: multi-scale + flip; COCO box detectors: flip)')
-    p.add_argument('--cfg-options', nargs='+', action=DictAction, help='override config keys')
-    p.add_argument(
-        '--allow-partial',
-        action='store_true',
-        help='load a checkpoint that does not fit the model (only what fits; '
-        'the log names the rest); default: such a checkpoint is an error. '
-        'Config key: allow_partial_load')
-    p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
-    p.add_argument('--local_rank', '--local-rank', type=int, default=None)
+    entry.add_cfg_options(p)
+    entry.add_run_arguments(p)
     return p.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    entry.setup_local_rank(args.local_rank)
-    cfg = entry.load_config(args.config, args.cfg_options)
+    cfg = entry.tool_config(args)
     entry.prepare_test_config(
         cfg,
         args.config,
@@ -69,20 +58,15 @@ def main(argv=None):
         launcher=args.launcher,
         tta=args.tta,
         allow_partial=args.allow_partial)
-    succeeded = False
-    try:
-        runner = entry.build_runner(cfg)
+
+    def test(runner):
         metrics = runner.test()
         entry.save_test_metrics(
             cfg, args.config, args.checkpoint, metrics, tta=args.tta, cfg_options=args.cfg_options)
-        succeeded = True
         return metrics
-    finally:
-        entry.finish(succeeded)
+
+    return entry.run(cfg, test)
 
 
 if __name__ == '__main__':
-    try:
-        main()
-    except entry.USER_ERRORS as err:  # a named problem of the input, without a traceback
-        sys.exit(f'test.py: error: {err}')
+    entry.run_tool(main, 'test.py')

@@ -11,7 +11,6 @@ live run: a second run on it stops at once, naming the first (docs/notes/reliabi
 
 Multi-process: tools/dist_train.sh CONFIG NPROC (torchrun; works on CPUs with gloo).
 """
-import argparse
 import os.path as osp
 import sys
 
@@ -20,16 +19,13 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 # polaformer_mm before anything that imports torchvision: keep this order
 # isort: off
 import polaformer_mm  # noqa: E402,F401  (before torchvision; registers the runner)
-from mmengine.config import DictAction  # noqa: E402
 from polaformer_mm.engine import entry  # noqa: E402
-from polaformer_mm.engine.dataset_check import DatasetCheckError  # noqa: E402
 from polaformer_mm.engine.dataset_check import check_before_training  # noqa: E402
 # isort: on
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description='Train with a polaformer_mm config')
-    p.add_argument('config', help='config file (mmdet, mmseg or mmpretrain)')
+    p = entry.tool_parser('Train with a polaformer_mm config')
     p.add_argument(
         '--work-dir', help='where logs and checkpoints go '
         '(default ./work_dirs/<config name>)')
@@ -47,30 +43,18 @@ def parse_args(argv=None):
         action='store_true',
         help='scale the lr by the real batch size (auto_scale_lr in the config)')
     p.add_argument(
-        '--cfg-options',
-        nargs='+',
-        action=DictAction,
-        help='override config keys, e.g. train_cfg.max_epochs=1')
-    p.add_argument(
-        '--allow-partial',
-        action='store_true',
-        help='load a checkpoint that does not fit the model (only what fits; '
-        'the log names the rest); default: such a checkpoint is an error. '
-        'Config key: allow_partial_load')
-    p.add_argument(
         '--skip-dataset-check',
         action='store_true',
         help='do not check the datasets before training '
         '(config key: skip_dataset_check)')
-    p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
-    p.add_argument('--local_rank', '--local-rank', type=int, default=None)
+    entry.add_cfg_options(p, 'override config keys, e.g. train_cfg.max_epochs=1')
+    entry.add_run_arguments(p)
     return p.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    entry.setup_local_rank(args.local_rank)
-    cfg = entry.load_config(args.config, args.cfg_options)
+    cfg = entry.tool_config(args)
     entry.prepare_train_config(
         cfg,
         args.config,
@@ -82,19 +66,8 @@ def main(argv=None):
         allow_partial=args.allow_partial)
     if not (args.skip_dataset_check or cfg.get('skip_dataset_check', False)):
         check_before_training(cfg)
-    succeeded = False
-    try:
-        runner = entry.build_runner(cfg)
-        runner.train()
-        succeeded = True
-    finally:
-        entry.finish(succeeded)
+    entry.run(cfg, lambda runner: runner.train())
 
 
 if __name__ == '__main__':
-    try:
-        main()
-    except DatasetCheckError as err:  # the report, without a traceback
-        sys.exit(str(err))
-    except entry.USER_ERRORS as err:  # a named problem of the input, without a traceback
-        sys.exit(f'train.py: error: {err}')
+    entry.run_tool(main, 'train.py')

@@ -462,43 +462,12 @@ def generate_synthetic_dataset(root,
         raise ValueError(f'workers must be an int >= 1, got {workers!r}')
     root = osp.abspath(os.fspath(root))
     meta_path = osp.join(root, _META)
-    if osp.isfile(meta_path) and not overwrite:
-        try:
-            with open(meta_path) as f:
-                meta = json.load(f)
-        except ValueError:
-            meta = {}
-        diffs = _mismatch(meta, args)
-        if diffs:
-            raise FileExistsError(
-                f'{root} holds a synthetic dataset generated with different settings: '
-                + '; '.join(diffs) + '. Pass overwrite=True (--overwrite) to replace it, '
-                'or choose another root.')
-        if _is_complete(root, meta):
+    if not overwrite:
+        meta = _existing_dataset(root, args)
+        if meta is not None:
             return dict(
                 meta, root=root, generated=False, seconds=round(time.perf_counter() - start, 3))
-        # ours, with the same arguments, but files are missing: regenerate below
-    elif (not overwrite and not osp.exists(osp.join(root, _INCOMPLETE)) and any(
-            osp.isdir(osp.join(root, sub)) and os.listdir(osp.join(root, sub))
-            for sub in _SUBDIRS)):
-        raise FileExistsError(
-            f'{root} already holds files in {"/".join(_SUBDIRS)} but no {_META} of this '
-            'generator. Pass overwrite=True (--overwrite) to replace them, or choose '
-            'another root.')
-
-    os.makedirs(root, exist_ok=True)
-    with open(osp.join(root, _INCOMPLETE), 'w') as f:
-        f.write('generation in progress or interrupted\n')
-    for sub in _SUBDIRS:  # leftovers of another or an interrupted generation
-        if osp.isdir(osp.join(root, sub)):
-            shutil.rmtree(osp.join(root, sub))
-    if osp.exists(meta_path):
-        os.remove(meta_path)
-    os.makedirs(osp.join(root, 'annotations'))
-    for split in _SPLITS:
-        os.makedirs(osp.join(root, 'images', split))
-        os.makedirs(osp.join(root, 'seg_maps', split))
-
+    _clear(root)
     splits = {
         split: _generate_split(root, split, split_id, args, workers)
         for split_id, split in enumerate(_SPLITS)
@@ -519,3 +488,49 @@ def generate_synthetic_dataset(root,
     os.replace(tmp_path, meta_path)  # meta.json last: its presence marks completion
     os.remove(osp.join(root, _INCOMPLETE))
     return dict(meta, root=root, generated=True, seconds=round(time.perf_counter() - start, 3))
+
+
+def _existing_dataset(root, args):
+    """The meta of a complete dataset generated under ``root`` with ``args``; None when
+    there is nothing of this generator there or its files are incomplete (regenerate);
+    FileExistsError when ``root`` holds another dataset or other files."""
+    meta_path = osp.join(root, _META)
+    if osp.isfile(meta_path):
+        try:
+            with open(meta_path) as f:
+                meta = json.load(f)
+        except ValueError:
+            meta = {}
+        diffs = _mismatch(meta, args)
+        if diffs:
+            raise FileExistsError(
+                f'{root} holds a synthetic dataset generated with different settings: '
+                + '; '.join(diffs) + '. Pass overwrite=True (--overwrite) to replace it, '
+                'or choose another root.')
+        # ours, with the same arguments; when files are missing it is generated again
+        return meta if _is_complete(root, meta) else None
+    if not osp.exists(osp.join(root, _INCOMPLETE)) and any(
+            osp.isdir(osp.join(root, sub)) and os.listdir(osp.join(root, sub)) for sub in _SUBDIRS):
+        raise FileExistsError(
+            f'{root} already holds files in {"/".join(_SUBDIRS)} but no {_META} of this '
+            'generator. Pass overwrite=True (--overwrite) to replace them, or choose '
+            'another root.')
+    return None
+
+
+def _clear(root):
+    """Empty folders for a new generation under ``root``, marked incomplete until
+    ``meta.json`` is written (nothing but the generator's folders is touched)."""
+    os.makedirs(root, exist_ok=True)
+    with open(osp.join(root, _INCOMPLETE), 'w') as f:
+        f.write('generation in progress or interrupted\n')
+    for sub in _SUBDIRS:  # leftovers of another or an interrupted generation
+        if osp.isdir(osp.join(root, sub)):
+            shutil.rmtree(osp.join(root, sub))
+    meta_path = osp.join(root, _META)
+    if osp.exists(meta_path):
+        os.remove(meta_path)
+    os.makedirs(osp.join(root, 'annotations'))
+    for split in _SPLITS:
+        os.makedirs(osp.join(root, 'images', split))
+        os.makedirs(osp.join(root, 'seg_maps', split))

@@ -316,233 +316,310 @@ def _check_images(report: DatasetReport, images: list) -> list:
 def check_coco(report: DatasetReport, ds_cfg: dict, cls, pipelines: Sequence,
                training: bool) -> None:
     """Fill ``report`` for an mmdet COCO-style dataset (see the module notes)."""
-    root = ds_cfg.get('data_root')
-    ann_file = _join(root, ds_cfg.get('ann_file'))
-    img_prefix = _join(root, (ds_cfg.get('data_prefix') or {}).get('img', ''))
+    loaded = _load_coco(report, ds_cfg)
+    if loaded is None:
+        return
+    ann_file, images, anns, cats, raw = loaded
+    cats = _CocoCategories(cats, _classes(ds_cfg, cls))
+    report.summary = (f'{ds_cfg.get("type")}, {ann_file}: {len(images)} images, '
+                      f'{len(anns)} annotations, {len(cats.classes)} classes')
+    if not images:
+        report.add('error', 'the file lists no images')
+        return
+    if cats.bad:
+        report.add(
+            'error', 'category ids that are not numbers or strings (pycocotools indexes '
+            'categories by id: TypeError)', cats.bad)
+
+    images = _check_images(report, images)
+    _check_image_files(report, ds_cfg, images)
+    masks = _loads_masks(list(ds_cfg.get('pipeline', []) or []) + list(pipelines))
+    scan = _CocoScan(images, cats, masks, raw)
+    scan.scan(anns)
+    scan.report_errors(report, unique_ids=getattr(cls, 'ANN_ID_UNIQUE', True))
+    scan.report_warnings(report, images, training)
+    if training:
+        _check_training_set(report, ds_cfg, images, scan)
+
+
+def _load_coco(report: DatasetReport, ds_cfg: dict) -> Optional[tuple]:
+    """(annotation file, images, annotations, categories, raw) of the dataset, or None
+    (the error in ``report``) when the file is missing or is not COCO JSON."""
+    ann_file = _join(ds_cfg.get('data_root'), ds_cfg.get('ann_file'))
     if not osp.isfile(ann_file):
         report.summary = f'{ds_cfg.get("type")}, {ann_file}'
         report.add('error', f'annotation file not found: {ann_file}')
-        return
+        return None
     try:
         images, anns, cats, raw = _read_coco(ann_file)
     except (ValueError, UnicodeDecodeError) as err:
         report.summary = f'{ds_cfg.get("type")}, {ann_file}'
         report.add('error', f'annotation file is not valid COCO JSON ({err})')
-        return
-    classes = _classes(ds_cfg, cls)
-    cats = [c for c in cats if isinstance(c, dict)]
-    bad_cats = [_short(c.get('id', c.get('name'))) for c in cats if not _hashable(c.get('id'))]
-    cats = [c for c in cats if _hashable(c.get('id')) and _hashable(c.get('name'))]
-    name_to_id = {c.get('name'): c.get('id') for c in cats}
-    if classes is None:
-        classes = list(name_to_id)
-    file_cat_ids = {c.get('id') for c in cats}
-    # pycocotools' get_cat_ids(cat_names=classes): the ids of the categories so named
-    wanted = set(classes)
-    cat_ids = {c.get('id') for c in cats if c.get('name') in wanted}
-    report.summary = (f'{ds_cfg.get("type")}, {ann_file}: {len(images)} images, '
-                      f'{len(anns)} annotations, {len(classes)} classes')
-    if not images:
-        report.add('error', 'the file lists no images')
-        return
-    if bad_cats:
-        report.add(
-            'error', 'category ids that are not numbers or strings (pycocotools indexes '
-            'categories by id: TypeError)', bad_cats)
+        return None
+    return ann_file, images, anns, cats, raw
 
-    images = _check_images(report, images)
-    by_id = {im['id']: im for im in images}  # the last entry of an id, as pycocotools
 
+class _CocoCategories:
+    """The file's categories as pycocotools indexes them, beside the config's classes
+    (None: the file's category names)."""
+
+    def __init__(self, cats: list, classes: Optional[list]) -> None:
+        cats = [c for c in cats if isinstance(c, dict)]
+        self.bad = [_short(c.get('id', c.get('name'))) for c in cats if not _hashable(c.get('id'))]
+        self.cats = [c for c in cats if _hashable(c.get('id')) and _hashable(c.get('name'))]
+        self.name_to_id = {c.get('name'): c.get('id') for c in self.cats}
+        self.classes = list(self.name_to_id) if classes is None else classes
+        self.file_ids = {c.get('id') for c in self.cats}
+        # pycocotools' get_cat_ids(cat_names=classes): the ids of the categories so named
+        wanted = set(self.classes)
+        self.ids = {c.get('id') for c in self.cats if c.get('name') in wanted}
+
+
+def _check_image_files(report: DatasetReport, ds_cfg: dict, images: list) -> None:
+    """The image files missing on disk (each folder listed once; remote storage is not
+    looked at)."""
     if _remote(ds_cfg):
         report.add('note', 'images on remote storage: not looked for')
-    else:
-        listing = _Listing()
-        missing = [
-            im['file_name'] for im in images
-            if 'file_name' in im and not listing.exists(osp.join(img_prefix, im['file_name']))
-        ]
-        if missing:
-            report.add('error', f'images missing on disk (under {img_prefix})', missing)
+        return
+    img_prefix = _join(ds_cfg.get('data_root'), (ds_cfg.get('data_prefix') or {}).get('img', ''))
+    listing = _Listing()
+    missing = [
+        im['file_name'] for im in images
+        if 'file_name' in im and not listing.exists(osp.join(img_prefix, im['file_name']))
+    ]
+    if missing:
+        report.add('error', f'images missing on disk (under {img_prefix})', missing)
 
-    masks = _loads_masks(list(ds_cfg.get('pipeline', []) or []) + list(pipelines))
-    any_ann, cat_imgs, usable = set(), set(), Counter()
-    seen, excluded = Counter(), Counter()
-    no_key = {k: [] for k in ('id', 'image_id', 'category_id', 'bbox', 'area')}
-    orphans, degenerate, bad_polygons, empty_seg = [], [], [], []
-    bad_keys, not_numbers, not_finite, bad_area, unknown_cat, crowd = [], [], [], [], [], []
-    ann_ids = []
 
-    def where(img, ann):
-        return f"{img.get('file_name')} (annotation {_shown(ann.id)})"
+def _where(img: dict, ann) -> str:
+    return f"{img.get('file_name')} (annotation {_shown(ann.id)})"
 
-    sizes = {
-        im['id']: (im.get('width', 0), im.get('height', 0)) if all(
-            type(im.get(key, 0)) in _NUMBER for key in ('width', 'height')) else _BAD_SIZE
-        for im in images
-    }
-    for ann in anns:
-        img_id, cat_id = ann.image_id, ann.category_id
-        if ann.id is _MISSING or img_id is _MISSING or cat_id is _MISSING:
-            # pycocotools indexes every annotation by these three
-            for key in ('id', 'image_id', 'category_id'):
-                if getattr(ann, key) is _MISSING:
-                    no_key[key].append(
-                        where(by_id.get(img_id, {}) if _hashable(img_id) else {}, ann))
-            continue
-        try:
-            size = sizes.get(img_id)
-            known = cat_id in file_cat_ids
-            hash(ann.id)
-        except TypeError:  # a list or an object: no dict key
-            bad_keys.append(_short(ann.id))
-            continue
-        ann_ids.append(ann.id)
-        if size is None:
-            orphans.append(ann.id)
-            continue
-        any_ann.add(img_id)
-        if not known:
-            unknown_cat.append(f'{ann.id} (category_id {cat_id!r})')
-        elif cat_id in cat_ids:
-            cat_imgs.add(img_id)
-        else:
-            excluded[cat_id] += 1
-        if size is _BAD_SIZE or (ann.ignore and ann.ignore is not _MISSING):
-            continue
-        if ann.bbox is _MISSING:
-            no_key['bbox'].append(where(by_id[img_id], ann))
-            continue
-        try:
-            x1, y1, w, h = ann.bbox
-        except (TypeError, ValueError):  # mmdet's own unpacking fails the same way
-            not_numbers.append(f'{where(by_id[img_id], ann)} {_short(ann.bbox)}')
-            continue
-        if not (type(x1) in _NUMBER and type(y1) in _NUMBER and type(w) in _NUMBER
-                and type(h) in _NUMBER):
-            not_numbers.append(f'{where(by_id[img_id], ann)} {_short(ann.bbox)}')
-            continue
-        total = x1 + y1 + w + h
-        if total - total != 0:  # NaN or infinite
-            not_finite.append(f'{where(by_id[img_id], ann)} {_short(ann.bbox)}')
-            continue
-        inter_w = min(x1 + w, size[0]) - max(x1, 0)
-        inter_h = min(y1 + h, size[1]) - max(y1, 0)
-        if inter_w <= 0 or inter_h <= 0:
-            degenerate.append(where(by_id[img_id], ann))
-            continue
-        area = ann.area
-        if area is _MISSING:
-            no_key['area'].append(where(by_id[img_id], ann))
-            continue
-        if type(area) not in _NUMBER:
-            bad_area.append(f'{where(by_id[img_id], ann)} {_short(area)}')
-            continue
-        if area <= 0 or w < 1 or h < 1:
-            degenerate.append(where(by_id[img_id], ann))
-            continue
-        if cat_id not in cat_ids:
-            continue
-        if masks:
-            state = _segmentation_state(ann.segmentation, raw)
-            if state == 'empty':
-                empty_seg.append(where(by_id[img_id], ann))
-            elif state == 'invalid':
-                bad_polygons.append(where(by_id[img_id], ann))
-        if ann.iscrowd and ann.iscrowd is not _MISSING:  # mmdet: ignore_flag = 1
-            crowd.append(where(by_id[img_id], ann))
-            continue
-        seen[cat_id] += 1
-        usable[img_id] += 1
 
-    for key, where in no_key.items():
-        if where:
-            report.add('error', f"annotations without '{key}' (mmdet stops with KeyError: "
-                       f"'{key}')", where)
-    if bad_keys:
-        report.add(
-            'error', 'annotations whose id, image_id or category_id is not a number or '
-            'string (pycocotools indexes annotations by them: TypeError), ids', bad_keys)
-    id_counts = Counter(ann_ids)
-    if len(id_counts) < len(ann_ids):
-        twice = [i for i, count in id_counts.items() if count > 1]
-        if getattr(cls, 'ANN_ID_UNIQUE', True):
+class _CocoScan:
+    """One pass over a COCO file's annotations (:meth:`scan`), as pycocotools indexes
+    them and mmdet trains on them; :meth:`report_errors` and :meth:`report_warnings`
+    add what it found to a report.
+
+    Args:
+        images (list): the image entries pycocotools can index.
+        cats (_CocoCategories): the file's categories and the config's classes.
+        masks (bool): whether the pipeline loads masks.
+        raw (bool): segmentations are raw JSON (see :func:`_read_coco`).
+    """
+
+    def __init__(self, images: list, cats: _CocoCategories, masks: bool, raw: bool) -> None:
+        self.by_id = {im['id']: im for im in images}  # the last entry of an id, as pycocotools
+        self.sizes = {
+            im['id']: (im.get('width', 0), im.get('height', 0)) if all(
+                type(im.get(key, 0)) in _NUMBER for key in ('width', 'height')) else _BAD_SIZE
+            for im in images
+        }
+        self.cats, self.masks, self.raw = cats, masks, raw
+        self.any_ann, self.cat_imgs, self.usable = set(), set(), Counter()
+        self.seen, self.excluded = Counter(), Counter()
+        self.no_key = {k: [] for k in ('id', 'image_id', 'category_id', 'bbox', 'area')}
+        self.orphans, self.degenerate, self.bad_polygons, self.empty_seg = [], [], [], []
+        self.bad_keys, self.not_numbers, self.not_finite, self.bad_area = [], [], [], []
+        self.unknown_cat, self.crowd, self.ann_ids = [], [], []
+
+    def scan(self, anns: Sequence) -> None:
+        """Index every annotation by id, image and category (:meth:`_index`); check the
+        box, area and segmentation of each one mmdet trains on (:meth:`_check_instances`)."""
+        self._check_instances(self._index(anns))
+
+    def _index(self, anns: Sequence) -> list:
+        """Index the annotations as pycocotools does; returns (annotation, image id,
+        category id, image size) of those mmdet trains on (not ignored, of an image with
+        a usable size)."""
+        by_id, sizes, no_key = self.by_id, self.sizes, self.no_key
+        file_cat_ids, cat_ids = self.cats.file_ids, self.cats.ids
+        ann_ids, orphans, unknown_cat = self.ann_ids, self.orphans, self.unknown_cat
+        any_ann, cat_imgs, excluded = self.any_ann, self.cat_imgs, self.excluded
+        trained = []
+        for ann in anns:
+            img_id, cat_id = ann.image_id, ann.category_id
+            if ann.id is _MISSING or img_id is _MISSING or cat_id is _MISSING:
+                # pycocotools indexes every annotation by these three
+                for key in ('id', 'image_id', 'category_id'):
+                    if getattr(ann, key) is _MISSING:
+                        no_key[key].append(
+                            _where(by_id.get(img_id, {}) if _hashable(img_id) else {}, ann))
+                continue
+            try:
+                size = sizes.get(img_id)
+                known = cat_id in file_cat_ids
+                hash(ann.id)
+            except TypeError:  # a list or an object: no dict key
+                self.bad_keys.append(_short(ann.id))
+                continue
+            ann_ids.append(ann.id)
+            if size is None:
+                orphans.append(ann.id)
+                continue
+            any_ann.add(img_id)
+            if not known:
+                unknown_cat.append(f'{ann.id} (category_id {cat_id!r})')
+            elif cat_id in cat_ids:
+                cat_imgs.add(img_id)
+            else:
+                excluded[cat_id] += 1
+            if size is _BAD_SIZE or (ann.ignore and ann.ignore is not _MISSING):
+                continue
+            trained.append((ann, img_id, cat_id, size))
+        return trained
+
+    def _check_instances(self, trained: list) -> None:
+        """Check the box, area and segmentation of the annotations mmdet trains on."""
+        by_id, cat_ids, masks, raw = self.by_id, self.cats.ids, self.masks, self.raw
+        seen, usable, no_key, degenerate = self.seen, self.usable, self.no_key, self.degenerate
+        not_numbers, not_finite = self.not_numbers, self.not_finite
+        for ann, img_id, cat_id, size in trained:
+            if ann.bbox is _MISSING:
+                no_key['bbox'].append(_where(by_id[img_id], ann))
+                continue
+            try:
+                x1, y1, w, h = ann.bbox
+            except (TypeError, ValueError):  # mmdet's own unpacking fails the same way
+                not_numbers.append(f'{_where(by_id[img_id], ann)} {_short(ann.bbox)}')
+                continue
+            if not (type(x1) in _NUMBER and type(y1) in _NUMBER and type(w) in _NUMBER
+                    and type(h) in _NUMBER):
+                not_numbers.append(f'{_where(by_id[img_id], ann)} {_short(ann.bbox)}')
+                continue
+            total = x1 + y1 + w + h
+            if total - total != 0:  # NaN or infinite
+                not_finite.append(f'{_where(by_id[img_id], ann)} {_short(ann.bbox)}')
+                continue
+            inter_w = min(x1 + w, size[0]) - max(x1, 0)
+            inter_h = min(y1 + h, size[1]) - max(y1, 0)
+            if inter_w <= 0 or inter_h <= 0:
+                degenerate.append(_where(by_id[img_id], ann))
+                continue
+            area = ann.area
+            if area is _MISSING:
+                no_key['area'].append(_where(by_id[img_id], ann))
+                continue
+            if type(area) not in _NUMBER:
+                self.bad_area.append(f'{_where(by_id[img_id], ann)} {_short(area)}')
+                continue
+            if area <= 0 or w < 1 or h < 1:
+                degenerate.append(_where(by_id[img_id], ann))
+                continue
+            if cat_id not in cat_ids:
+                continue
+            if masks:
+                state = _segmentation_state(ann.segmentation, raw)
+                if state == 'empty':
+                    self.empty_seg.append(_where(by_id[img_id], ann))
+                elif state == 'invalid':
+                    self.bad_polygons.append(_where(by_id[img_id], ann))
+            if ann.iscrowd and ann.iscrowd is not _MISSING:  # mmdet: ignore_flag = 1
+                self.crowd.append(_where(by_id[img_id], ann))
+                continue
+            seen[cat_id] += 1
+            usable[img_id] += 1
+
+    def report_errors(self, report: DatasetReport, unique_ids: bool) -> None:
+        """What would crash mmdet or mislabel objects (``unique_ids``: the dataset's
+        ``ANN_ID_UNIQUE``)."""
+        for key, where in self.no_key.items():
+            if where:
+                report.add('error', f"annotations without '{key}' (mmdet stops with KeyError: "
+                           f"'{key}')", where)
+        if self.bad_keys:
             report.add(
-                'error', 'annotation ids used more than once (mmdet stops with '
-                '"AssertionError: Annotation ids ... are not unique"), ids', twice)
-        else:
+                'error', 'annotations whose id, image_id or category_id is not a number or '
+                'string (pycocotools indexes annotations by them: TypeError), ids', self.bad_keys)
+        id_counts = Counter(self.ann_ids)
+        if len(id_counts) < len(self.ann_ids):
+            twice = [i for i, count in id_counts.items() if count > 1]
+            if unique_ids:
+                report.add(
+                    'error', 'annotation ids used more than once (mmdet stops with '
+                    '"AssertionError: Annotation ids ... are not unique"), ids', twice)
+            else:
+                report.add(
+                    'warning', 'annotation ids used more than once (pycocotools returns the '
+                    'last annotation of an id for each of them), ids', twice)
+        if self.not_numbers:
             report.add(
-                'warning', 'annotation ids used more than once (pycocotools returns the '
-                'last annotation of an id for each of them), ids', twice)
-    if not_numbers:
-        report.add(
-            'error', 'bboxes that are not 4 numbers [x, y, w, h] (mmdet stops with a '
-            'TypeError or ValueError)', not_numbers)
-    if not_finite:
-        report.add(
-            'error', 'bboxes with NaN or infinite values (mmdet drops NaN boxes silently '
-            'and trains on infinite ones)', not_finite)
-    if bad_area:
-        report.add('error', "annotations whose 'area' is not a number (mmdet stops with a "
-                   'TypeError)', bad_area)
-    if unknown_cat:
-        report.add(
-            'error', "annotations whose category_id is not among the file's categories "
-            '(mmdet drops them silently: those objects would train as background), '
-            'annotation ids', unknown_cat)
-    if empty_seg:
-        report.add(
-            'error', 'annotations with an empty or missing segmentation while the '
-            "pipeline loads masks (mmdet stops with KeyError: 'mask'; give the "
-            'polygon or RLE, or drop the annotation)', empty_seg)
-    no_ann = [im.get('file_name') for im in images if im['id'] not in any_ann]
-    if no_ann:
-        report.add(
-            'warning', 'images without annotations' +
-            (' (left out of training by filter_empty_gt)' if training else ''), no_ann)
-    if degenerate:
-        report.add(
-            'warning', 'degenerate boxes (w or h < 1, area <= 0, or outside the '
-            'image; mmdet skips them)', degenerate)
-    if bad_polygons:
-        report.add(
-            'warning', 'segmentations without a valid polygon (fewer than 3 points; '
-            'mmdet ignores these instances)', bad_polygons)
-    if orphans:
-        report.add('warning', 'annotations of image ids the file does not list, ids', orphans)
-    absent = [n for n in classes if n not in name_to_id]
-    if absent:
-        report.add('warning', "classes not among the file's categories", absent)
-    never = [n for n in classes if n in name_to_id and not seen[name_to_id[n]]]
-    if never:
-        report.add('warning', 'classes never seen (no usable annotation)', never)
-    if excluded:
-        id_to_name = {c.get('id'): c.get('name') for c in cats}
-        report.add(
-            'note', "annotations of categories outside the config's classes (mmdet "
-            'leaves them out, as the classes say)',
-            [f'{id_to_name.get(i)!s} ({count})' for i, count in excluded.most_common()],
-            total=sum(excluded.values()))
-    if crowd:
-        report.add('note', 'crowd annotations (iscrowd; mmdet ignores them in training)', crowd)
+                'error', 'bboxes that are not 4 numbers [x, y, w, h] (mmdet stops with a '
+                'TypeError or ValueError)', self.not_numbers)
+        if self.not_finite:
+            report.add(
+                'error', 'bboxes with NaN or infinite values (mmdet drops NaN boxes silently '
+                'and trains on infinite ones)', self.not_finite)
+        if self.bad_area:
+            report.add('error', "annotations whose 'area' is not a number (mmdet stops with a "
+                       'TypeError)', self.bad_area)
+        if self.unknown_cat:
+            report.add(
+                'error', "annotations whose category_id is not among the file's categories "
+                '(mmdet drops them silently: those objects would train as background), '
+                'annotation ids', self.unknown_cat)
+        if self.empty_seg:
+            report.add(
+                'error', 'annotations with an empty or missing segmentation while the '
+                "pipeline loads masks (mmdet stops with KeyError: 'mask'; give the "
+                'polygon or RLE, or drop the annotation)', self.empty_seg)
 
-    if training:
-        filter_cfg = ds_cfg.get('filter_cfg') or {}
-        kept = [
-            im for im in images
-            if (not filter_cfg.get('filter_empty_gt', False) or im['id'] in cat_imgs)
-            and sizes[im['id']] is not _BAD_SIZE
-            and min(sizes[im['id']]) >= filter_cfg.get('min_size', 0)
-        ]
-        if not kept:
+    def report_warnings(self, report: DatasetReport, images: list, training: bool) -> None:
+        """What mmdet skips, ignores or leaves out (warnings and notes)."""
+        no_ann = [im.get('file_name') for im in images if im['id'] not in self.any_ann]
+        if no_ann:
             report.add(
-                'error', 'no training image is left after filter_cfg '
-                f'{dict(filter_cfg)} (no image has an annotation of the classes); '
-                'mmdet would stop with "need at least one array to concatenate"')
-        elif not any(usable[im['id']] for im in kept):
+                'warning', 'images without annotations' +
+                (' (left out of training by filter_empty_gt)' if training else ''), no_ann)
+        if self.degenerate:
             report.add(
-                'error', 'no training image has an annotation mmdet trains on (every one '
-                'is a crowd region (iscrowd), ignored, degenerate or of another class): '
-                'the box and mask losses would be 0')
+                'warning', 'degenerate boxes (w or h < 1, area <= 0, or outside the '
+                'image; mmdet skips them)', self.degenerate)
+        if self.bad_polygons:
+            report.add(
+                'warning', 'segmentations without a valid polygon (fewer than 3 points; '
+                'mmdet ignores these instances)', self.bad_polygons)
+        if self.orphans:
+            report.add('warning', 'annotations of image ids the file does not list, ids',
+                       self.orphans)
+        classes, name_to_id = self.cats.classes, self.cats.name_to_id
+        absent = [n for n in classes if n not in name_to_id]
+        if absent:
+            report.add('warning', "classes not among the file's categories", absent)
+        never = [n for n in classes if n in name_to_id and not self.seen[name_to_id[n]]]
+        if never:
+            report.add('warning', 'classes never seen (no usable annotation)', never)
+        if self.excluded:
+            id_to_name = {c.get('id'): c.get('name') for c in self.cats.cats}
+            report.add(
+                'note', "annotations of categories outside the config's classes (mmdet "
+                'leaves them out, as the classes say)',
+                [f'{id_to_name.get(i)!s} ({count})' for i, count in self.excluded.most_common()],
+                total=sum(self.excluded.values()))
+        if self.crowd:
+            report.add('note', 'crowd annotations (iscrowd; mmdet ignores them in training)',
+                       self.crowd)
+
+
+def _check_training_set(report: DatasetReport, ds_cfg: dict, images: list, scan: _CocoScan) -> None:
+    """A training set that mmdet's ``filter_cfg`` leaves empty, or whose images hold no
+    annotation mmdet trains on."""
+    filter_cfg = ds_cfg.get('filter_cfg') or {}
+    kept = [
+        im for im in images
+        if (not filter_cfg.get('filter_empty_gt', False) or im['id'] in scan.cat_imgs)
+        and scan.sizes[im['id']] is not _BAD_SIZE
+        and min(scan.sizes[im['id']]) >= filter_cfg.get('min_size', 0)
+    ]
+    if not kept:
+        report.add(
+            'error', 'no training image is left after filter_cfg '
+            f'{dict(filter_cfg)} (no image has an annotation of the classes); '
+            'mmdet would stop with "need at least one array to concatenate"')
+    elif not any(scan.usable[im['id']] for im in kept):
+        report.add(
+            'error', 'no training image has an annotation mmdet trains on (every one '
+            'is a crowd region (iscrowd), ignored, degenerate or of another class): '
+            'the box and mask losses would be 0')
 
 
 def _shown(value):
@@ -563,6 +640,34 @@ def _seg_defaults(cls) -> dict:
     }
 
 
+class _SegLayout:
+    """Where an mmseg dataset's files are and how its maps are read (the dataset
+    arguments the config gives, else the class's defaults)."""
+
+    def __init__(self, ds_cfg: dict, cls) -> None:
+        given = {k: v for k, v in ds_cfg.items() if k in _SEG_DATASET_KEYS}
+        opts = {**_seg_defaults(cls), **given}
+        self.img_suffix = opts.get('img_suffix', '.jpg')
+        self.seg_suffix = opts.get('seg_map_suffix', '.png')
+        self.ignore = opts.get('ignore_index', 255)
+        self.reduce_zero_label = opts.get('reduce_zero_label', False)
+        root = ds_cfg.get('data_root')
+        prefix = ds_cfg.get('data_prefix') or {}
+        self.img_dir = _join(root, prefix.get('img_path', ''))
+        seg_dir = prefix.get('seg_map_path')
+        self.seg_dir = _join(root, seg_dir) if seg_dir is not None else None
+        self.ann_file = _join(root, ds_cfg.get('ann_file', '')) if ds_cfg.get('ann_file') else ''
+        self.classes = _classes(ds_cfg, cls)
+        self.cls = cls
+
+    def label_map(self) -> Optional[dict]:
+        """mmseg's map from the class's labels to those of the config's classes."""
+        if self.classes is not None and getattr(self.cls, 'METAINFO',
+                                                {}).get('classes') is not None:
+            return self.cls.get_label_map(self.classes)
+        return None
+
+
 def check_segmentation(report: DatasetReport,
                        ds_cfg: dict,
                        cls,
@@ -570,29 +675,50 @@ def check_segmentation(report: DatasetReport,
                        training: bool = False) -> None:
     """Fill ``report`` for an mmseg image / segmentation-map dataset (``training``: the
     training set, which must hold a pixel to learn from)."""
-    import cv2
-    import numpy as np
-    given = {k: v for k, v in ds_cfg.items() if k in _SEG_DATASET_KEYS}
-    opts = {**_seg_defaults(cls), **given}
-    img_suffix, seg_suffix = opts.get('img_suffix', '.jpg'), opts.get('seg_map_suffix', '.png')
-    ignore = opts.get('ignore_index', 255)
-    root = ds_cfg.get('data_root')
-    prefix = ds_cfg.get('data_prefix') or {}
-    img_dir = _join(root, prefix.get('img_path', ''))
-    seg_dir = prefix.get('seg_map_path')
-    seg_dir = _join(root, seg_dir) if seg_dir is not None else None
-    ann_file = _join(root, ds_cfg.get('ann_file', '')) if ds_cfg.get('ann_file') else ''
-    classes = _classes(ds_cfg, cls)
-    report.summary = f'{ds_cfg.get("type")}, {img_dir}'
+    layout = _SegLayout(ds_cfg, cls)
+    classes = layout.classes
+    report.summary = f'{ds_cfg.get("type")}, {layout.img_dir}'
     if _remote(ds_cfg):
         report.add('note', 'remote storage: not checked')
         return
-    if ann_file and not osp.isdir(ann_file):
+    names = _seg_image_names(report, layout)
+    if names is None:
+        return
+    report.summary += f': {len(names)} images' + (f', {len(classes)} classes' if classes else '')
+    if not names:
+        report.add('error', f'no images ending in {layout.img_suffix!r} found')
+        return
+    if layout.seg_dir is None:
+        return
+    seg_files = [n[:-len(layout.img_suffix)] + layout.seg_suffix for n in names]
+    listing = _Listing()
+    no_map = [s for s in seg_files if not listing.exists(osp.join(layout.seg_dir, s))]
+    if no_map:
+        report.add(
+            'error', f'images without a segmentation map (under {layout.seg_dir}, '
+            f'suffix {layout.seg_suffix!r})', no_map)
+    present = [s for s in seg_files if s not in set(no_map)]
+    if not present:
+        return
+    if seg_sample is not None and len(present) > seg_sample:
+        step = len(present) / seg_sample
+        present = [present[int(i * step)] for i in range(seg_sample)]
+    sampled = f' (in {len(present)} sampled maps)' if seg_sample is not None and len(
+        seg_files) - len(no_map) > len(present) else ''
+    _check_seg_maps(report, layout, present, sampled, training)
+
+
+def _seg_image_names(report: DatasetReport, layout: _SegLayout) -> Optional[List[str]]:
+    """The dataset's images (relative to the image folder): those of the split file, or
+    every file of the folder with the image suffix; None (the error in ``report``) when
+    the split file or the folder is missing."""
+    if layout.ann_file and not osp.isdir(layout.ann_file):
+        ann_file, img_dir = layout.ann_file, layout.img_dir
         if not osp.isfile(ann_file):
             report.add('error', f'split file not found: {ann_file}')
-            return
+            return None
         with open(ann_file) as f:
-            names = [line.strip() + img_suffix for line in f if line.strip()]
+            names = [line.strip() + layout.img_suffix for line in f if line.strip()]
         twice = [name for name, count in Counter(names).items() if count > 1]
         if twice:
             report.add(
@@ -602,54 +728,54 @@ def check_segmentation(report: DatasetReport,
         missing = [n for n in names if not listing.exists(osp.join(img_dir, n))]
         if missing:
             report.add('error', f'images missing on disk (under {img_dir})', missing)
-    else:
-        if not osp.isdir(img_dir):
-            report.add('error', f'image folder not found: {img_dir}')
-            return
-        names = sorted(
-            osp.relpath(osp.join(d, f), img_dir) for d, _, files in os.walk(img_dir) for f in files
-            if f.endswith(img_suffix))
-    report.summary += f': {len(names)} images' + (f', {len(classes)} classes' if classes else '')
-    if not names:
-        report.add('error', f'no images ending in {img_suffix!r} found')
-        return
-    if seg_dir is None:
-        return
-    seg_files = [n[:-len(img_suffix)] + seg_suffix for n in names]
-    listing = _Listing()
-    no_map = [s for s in seg_files if not listing.exists(osp.join(seg_dir, s))]
-    if no_map:
-        report.add(
-            'error', f'images without a segmentation map (under {seg_dir}, '
-            f'suffix {seg_suffix!r})', no_map)
-    present = [s for s in seg_files if s not in set(no_map)]
-    if not present:
-        return
-    if seg_sample is not None and len(present) > seg_sample:
-        step = len(present) / seg_sample
-        present = [present[int(i * step)] for i in range(seg_sample)]
-    label_map = None
-    if classes is not None and getattr(cls, 'METAINFO', {}).get('classes') is not None:
-        label_map = cls.get_label_map(classes)
+        return names
+    if not osp.isdir(layout.img_dir):
+        report.add('error', f'image folder not found: {layout.img_dir}')
+        return None
+    return sorted(
+        osp.relpath(osp.join(d, f), layout.img_dir) for d, _, files in os.walk(layout.img_dir)
+        for f in files if f.endswith(layout.img_suffix))
+
+
+def _read_seg_labels(layout: _SegLayout, name: str, label_map: Optional[dict]):
+    """The labels of the map ``name`` as mmseg trains on them (``label_map`` and
+    reduce_zero_label applied), as int64; None when the file does not decode."""
+    import cv2
+    import numpy as np
+    seg = cv2.imread(osp.join(layout.seg_dir, name), cv2.IMREAD_UNCHANGED)
+    if seg is None or seg.ndim not in (2, 3):
+        return None
+    if seg.ndim == 3:
+        seg = seg[..., 0]
+    seg = seg.astype(np.int64)
+    if label_map:
+        mapped = seg.copy()
+        for old, new in label_map.items():
+            mapped[seg == old] = new
+        seg = mapped
+    if layout.reduce_zero_label:
+        ignore = layout.ignore
+        seg[seg == 0] = ignore + 1
+        seg = seg - 1
+        seg[seg == ignore] = ignore
+    return seg
+
+
+def _check_seg_maps(report: DatasetReport, layout: _SegLayout, present: Sequence[str], sampled: str,
+                    training: bool) -> None:
+    """Decode the maps ``present`` and report maps that do not decode, labels outside
+    the classes, maps with only ignored pixels and classes never seen (``sampled``: the
+    note that these are a sample)."""
+    import numpy as np
+    classes, ignore = layout.classes, layout.ignore
+    label_map = layout.label_map()
     unreadable, out_of_range, only_ignored = [], [], []
     seen = Counter()
     for name in present:
-        seg = cv2.imread(osp.join(seg_dir, name), cv2.IMREAD_UNCHANGED)
-        if seg is None or seg.ndim not in (2, 3):
+        seg = _read_seg_labels(layout, name, label_map)
+        if seg is None:
             unreadable.append(name)
             continue
-        if seg.ndim == 3:
-            seg = seg[..., 0]
-        seg = seg.astype(np.int64)
-        if label_map:
-            mapped = seg.copy()
-            for old, new in label_map.items():
-                mapped[seg == old] = new
-            seg = mapped
-        if opts.get('reduce_zero_label', False):
-            seg[seg == 0] = ignore + 1
-            seg = seg - 1
-            seg[seg == ignore] = ignore
         values, counts = np.unique(seg, return_counts=True)
         valid = values[values != ignore]
         if classes is not None and (valid.size and
@@ -659,8 +785,6 @@ def check_segmentation(report: DatasetReport,
             only_ignored.append(name)
         for v in valid:
             seen[int(v)] += 1
-    sampled = f' (in {len(present)} sampled maps)' if seg_sample is not None and len(
-        seg_files) - len(no_map) > len(present) else ''
     if unreadable:
         report.add('error', f'segmentation maps that do not decode{sampled}', unreadable)
     if out_of_range:

@@ -3,18 +3,21 @@
 Both take any config of the project (mmdet, mmseg or mmpretrain, told apart by the
 config's ``default_scope``) and run it with :class:`~.runner.PolaRunner`.
 """
+import argparse
 import copy
 import datetime
 import json
 import os
 import os.path as osp
-from typing import Optional
+import sys
+from typing import Callable, Optional
 
 import torch
-from mmengine.config import Config, ConfigDict
+from mmengine.config import Config, ConfigDict, DictAction
 
 from ..utils.checkpoint_io import CheckpointError, require_checkpoint
 from .checkpoint_fit import CheckpointMismatchError
+from .dataset_check import DatasetCheckError
 from .model_check import ModelConfigError
 from .work_dir_lock import WorkDirLockedError
 
@@ -45,6 +48,62 @@ def load_config(path: str, cfg_options: Optional[dict] = None) -> Config:
         cfg.merge_from_dict(cfg_options)
     task_of(cfg)
     return cfg
+
+
+def tool_parser(description: str) -> argparse.ArgumentParser:
+    """The argument parser of a tool, with the ``config`` argument every tool takes first."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument('config', help='config file (mmdet, mmseg or mmpretrain)')
+    return parser
+
+
+def add_cfg_options(parser: argparse.ArgumentParser, help: str = 'override config keys') -> None:
+    """``--cfg-options k=v ...``: keys of the config to override (:func:`load_config`)."""
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction, help=help)
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options ``tools/train.py`` and ``tools/test.py`` share after their own:
+    ``--allow-partial``, ``--launcher`` and ``--local-rank`` (older launchers)."""
+    parser.add_argument(
+        '--allow-partial',
+        action='store_true',
+        help='load a checkpoint that does not fit the model (only what fits; '
+        'the log names the rest); default: such a checkpoint is an error. '
+        'Config key: allow_partial_load')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=None)
+
+
+def tool_config(args: argparse.Namespace) -> Config:
+    """The config of a tool's command line (``config``, ``--cfg-options``), read after
+    ``--local-rank`` is exported (:func:`setup_local_rank`)."""
+    setup_local_rank(args.local_rank)
+    return load_config(args.config, args.cfg_options)
+
+
+def run(cfg: Config, action: Callable):
+    """Build the runner of ``cfg``, return ``action(runner)`` and leave a distributed run
+    cleanly (:func:`finish`), whether or not the action succeeded."""
+    succeeded = False
+    try:
+        result = action(build_runner(cfg))
+        succeeded = True
+        return result
+    finally:
+        finish(succeeded)
+
+
+def run_tool(main: Callable, prog: str) -> None:
+    """Run a tool's ``main()`` as a command: a dataset-check report or an error that
+    names a problem of the input (:data:`USER_ERRORS`) ends it with that message
+    (``prog: error: ...``) and no traceback."""
+    try:
+        main()
+    except DatasetCheckError as err:  # the report, without a traceback
+        sys.exit(str(err))
+    except USER_ERRORS as err:  # a named problem of the input, without a traceback
+        sys.exit(f'{prog}: error: {err}')
 
 
 def _common(cfg: Config,

@@ -11,7 +11,6 @@ memory holds one model at a time.
 import ast
 import glob
 import importlib
-import importlib.util
 import json
 import os.path as osp
 import re
@@ -23,6 +22,7 @@ from mmengine.config import Config
 from mmengine.registry import DefaultScope
 
 from polaformer_mm.engine.model_check import check_model_channels
+from .._tools import load_tool
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 CONFIG_DIR = osp.join(REPO, 'configs')
@@ -277,11 +277,7 @@ def flop_table():
 
 
 def _get_flops_tool():
-    spec = importlib.util.spec_from_file_location(
-        'get_flops', osp.join(REPO, 'tools', 'analysis_tools', 'get_flops.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool('analysis_tools/get_flops.py')
 
 
 @pytest.mark.parametrize('path,options', [

@@ -1,4 +1,3 @@
-import importlib.util
 import json
 import os
 import os.path as osp
@@ -12,11 +11,11 @@ from pycocotools.coco import COCO
 import polaformer_mm  # noqa: F401  (first: lets torchvision import on CPU-only torch)
 from polaformer_mm.datasets import (SYNTHETIC_CLASSES, SYNTHETIC_PALETTE, SYNTHETIC_SEG_CLASSES,
                                     SYNTHETIC_SEG_PALETTE, generate_synthetic_dataset)
+from .._tools import load_tool
 
 # pycocotools' mask.decode under numpy 2, called by annToMask and mmdet's LoadAnnotations
 pytestmark = pytest.mark.filterwarnings('ignore:__array__ implementation:DeprecationWarning')
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 SMALL = dict(num_train=8, num_val=3, img_size=(64, 80), seed=3, max_shapes=4)
 
 
@@ -250,11 +249,7 @@ def test_mmseg_dataset(dataset, reduce_zero_label):
 
 
 def _load_cli():
-    path = osp.join(ROOT, 'tools', 'dataset_converters', 'generate_synthetic_data.py')
-    spec = importlib.util.spec_from_file_location('generate_synthetic_data', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool('dataset_converters/generate_synthetic_data.py')
 
 
 def test_cli(tmp_path, capsys):

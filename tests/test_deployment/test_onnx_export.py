@@ -2,7 +2,6 @@
 in onnxruntime at sizes other than the export size with the stage maps of PyTorch; an
 export leaves the module caches as eager use needs them; the whole quickstart models
 export through tools/deployment/pytorch2onnx.py."""
-import importlib.util
 import os.path as osp
 
 import numpy as np
@@ -14,6 +13,7 @@ from polaformer_mm.deployment import ExportableModel, check_onnx, compare_onnxru
 from polaformer_mm.models import PolaPVT, PolaSwin
 from polaformer_mm.ops import pola_linear_attention
 from polaformer_mm.utils.compat import TORCHSCRIPT_ONNX_EXPORT, in_graph_capture
+from .._tools import load_tool
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 EXPORT_HW = (72, 88)
@@ -151,11 +151,7 @@ def test_fp16_graph_is_finite(tmp_path):
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location(
-        'pytorch2onnx', osp.join(REPO, 'tools', 'deployment', 'pytorch2onnx.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool('deployment/pytorch2onnx.py')
 
 
 def test_whole_detector_exports_with_the_tool(tmp_path, capsys):

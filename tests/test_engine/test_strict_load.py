@@ -5,7 +5,6 @@ log warning; tools/test.py then scored random weights. Now it is an error naming
 and the likely cause; ``allow_partial_load=True`` (``--allow-partial``) loads what fits.
 Bad files (not a checkpoint, weights only for --resume) get messages that say so.
 """
-import importlib.util
 import os.path as osp
 import re
 import traceback
@@ -18,6 +17,7 @@ from mmengine.registry import init_default_scope
 from polaformer_mm.engine import CheckpointMismatchError, entry
 from polaformer_mm.utils.checkpoint_io import CheckpointError
 from .._smoke import smoke_config, synthetic_root
+from .._tools import load_tool
 from ..test_models._golden import load_golden
 from ..test_models._official_files import save_official
 
@@ -118,11 +118,7 @@ def test_test_tool_is_strict_and_allow_partial_opts_out(files, data_root, tmp_pa
 
 
 def _tool(name):
-    spec = importlib.util.spec_from_file_location(f'tool_{name}',
-                                                  osp.join(REPO, 'tools', f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool(f'{name}.py', f'tool_{name}')
 
 
 def test_tools_have_the_allow_partial_flag():

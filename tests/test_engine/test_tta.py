@@ -3,7 +3,6 @@
 Segmentation --tta runs end to end in tests/test_tools/test_reproduce.py; here a RetinaNet
 config trains one iteration and is tested with and without --tta through tools/test.py.
 """
-import importlib.util
 import json
 import os.path as osp
 import pickle
@@ -12,19 +11,13 @@ import pytest
 
 from polaformer_mm.engine import entry
 from .._smoke import smoke_cfg_options, smoke_config, synthetic_root
+from .._tools import load_tool
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 MASK_RCNN = osp.join(REPO, 'configs/pola_pvt/mask-rcnn_pola-pvt-t_fpn_1x_coco.py')
 SEG = osp.join(REPO, 'configs/pola_pvt/fpn_pola-pvt-t_4xb4-80k_ade20k-512x512.py')
 RETINANET = osp.join(REPO, 'configs/pola_pvt/retinanet_pola-pvt-t_fpn_1x_coco.py')
 CLS = osp.join(REPO, 'configs/imagenet/pola-pvt-tiny_8xb128_in1k.py')
-
-
-def _tool(path, name):
-    spec = importlib.util.spec_from_file_location(name, osp.join(REPO, path))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_detection_tta_through_test_tool(tmp_path):
@@ -40,7 +33,7 @@ def test_detection_tta_through_test_tool(tmp_path):
     # the test tool with the same test-size override, as a user passes it; after one
     # iteration RetinaNet scores nothing above its 0.05 threshold (focal-loss prior 0.01)
     options = smoke_cfg_options(RETINANET, data_root) + ['model.test_cfg.score_thr=0.0']
-    test = _tool('tools/test.py', 'test_tool_under_test')
+    test = load_tool('test.py', 'test_tool_under_test')
     results = {}
     for sub, extra in (('test', []), ('test_tta', ['--tta'])):
         out = tmp_path / f'{sub}.pkl'
@@ -66,7 +59,7 @@ def test_detection_tta_through_test_tool(tmp_path):
     assert "type='DetTTAModel'" in dumped and "'flip_direction'" in dumped
 
     # the detection columns of the gain table: single-scale COCO AP x 100, no AP^m
-    gain_table = _tool('tools/analysis_tools/gain_table.py', 'gain_table_for_det')
+    gain_table = load_tool('analysis_tools/gain_table.py', 'gain_table_for_det')
     rows = gain_table.main([str(run_dir), '--no-flops', '--out', str(tmp_path / 'table')])
     single = _json(run_dir / 'test')['metrics']
     assert [(r['backbone'], r['row'], r['schedule'])

@@ -1,25 +1,17 @@
 """tools/analysis_tools/benchmark_backbone.py: a tiny run writes the table, the JSON (its
 ratios computed from its own numbers) and the PNG; one measurement in a fresh process;
 named backbones are the repo configs' backbones; bad arguments are named errors."""
-import importlib.util
 import json
 import os.path as osp
 
 import pytest
 from mmengine.config import Config
 
+from .._tools import load_tool
+
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-TOOL = osp.join(REPO, 'tools', 'analysis_tools', 'benchmark_backbone.py')
 
-
-def _load_tool():
-    spec = importlib.util.spec_from_file_location('_benchmark_backbone', TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_tool()
+bench = load_tool('analysis_tools/benchmark_backbone.py', '_benchmark_backbone')
 
 
 def test_tiny_run_writes_table_json_png(tmp_path, capsys):

@@ -13,6 +13,7 @@ from polaformer_mm.engine import entry
 from polaformer_mm.engine.dataset_check import (DatasetCheckError, check_before_training,
                                                 check_datasets, format_reports)
 from .._smoke import synthetic_root
+from .._tools import load_tool
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DET = osp.join(REPO, 'configs/quickstart/mask-rcnn_pola-pvt-nano_fpn_synthetic.py')
@@ -175,12 +176,7 @@ def test_command_line(root, capsys):
 
 
 def _tool(name):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(f'tool_{osp.basename(name)}',
-                                                  osp.join(REPO, 'tools', f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool(f'{name}.py', f'tool_{osp.basename(name)}')
 
 
 def _mmdet_dataset(cfg):

@@ -1,7 +1,6 @@
 """tools/gpu_check.py: without a GPU it says so and exits 2; the parts that decide a
 report (environment probe, pytest counts, training configs and the loss verdict) work on
 this machine."""
-import importlib.util
 import math
 import os.path as osp
 import subprocess
@@ -11,12 +10,12 @@ import pytest
 import torch
 from mmengine.config import Config
 
+from .._tools import load_tool
+
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 TOOL = osp.join(REPO, 'tools', 'gpu_check.py')
 
-spec = importlib.util.spec_from_file_location('_gpu_check', TOOL)
-gpu_check = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(gpu_check)
+gpu_check = load_tool('gpu_check.py', '_gpu_check')
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason='this machine has a GPU')

@@ -2,7 +2,6 @@
 quickstart-sized detection and segmentation configs: predictions, strict loading of
 ``--weights`` (``--allow-partial`` to opt out), DDP-saved weights, named errors."""
 import glob
-import importlib.util
 import json
 import os.path as osp
 import subprocess
@@ -19,20 +18,12 @@ from mmengine.config import Config
 from polaformer_mm.engine import CheckpointMismatchError
 from polaformer_mm.engine.checkpoint_fit import PARTIAL_HINT
 from .._ddp import ddp_state_dict
+from .._tools import load_tool
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 IMAGE = osp.join(matplotlib.get_data_path(), 'sample_data', 'grace_hopper.jpg')
 
-
-def _load_demo():
-    spec = importlib.util.spec_from_file_location('image_demo',
-                                                  osp.join(ROOT, 'tools', 'demo', 'image_demo.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-demo = _load_demo()
+demo = load_tool('demo/image_demo.py')
 
 
 def _quickstart_config(scope):

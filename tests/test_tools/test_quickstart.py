@@ -1,6 +1,5 @@
 """tools/quickstart.py end to end on tiny data: a few iterations of each model (and of its
 softmax counterpart), the real CocoMetric / IoUMetric, the drawings and the summary."""
-import importlib.util
 import json
 import os.path as osp
 
@@ -8,18 +7,14 @@ import cv2
 import pytest
 import torch
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+from .._tools import load_tool
 
 # pycocotools' mask.decode under numpy 2
 pytestmark = pytest.mark.filterwarnings('ignore:__array__ implementation:DeprecationWarning')
 
 
 def _load_quickstart():
-    spec = importlib.util.spec_from_file_location('quickstart',
-                                                  osp.join(REPO, 'tools', 'quickstart.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool('quickstart.py')
 
 
 @pytest.fixture(scope='module')

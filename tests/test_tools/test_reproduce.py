@@ -8,7 +8,6 @@ against numbers read independently from the runs' own files.
 """
 import csv
 import glob
-import importlib.util
 import json
 import os
 import os.path as osp
@@ -20,27 +19,21 @@ import pytest
 import torch
 
 from .._smoke import smoke_cfg_options, synthetic_root
+from .._tools import load_tool
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 POLA = 'fpn_pola-pvt-t_4xb4-80k_ade20k-512x512'
 SOFTMAX = 'fpn_pvt-t_4xb4-80k_ade20k-512x512'
 
 
-def _module(path, name):
-    spec = importlib.util.spec_from_file_location(name, osp.join(REPO, path))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope='module')
 def reproduce():
-    return _module('tools/reproduce.py', 'reproduce_under_test')
+    return load_tool('reproduce.py', 'reproduce_under_test')
 
 
 @pytest.fixture(scope='module')
 def gain_table():
-    return _module('tools/analysis_tools/gain_table.py', 'gain_table_under_test')
+    return load_tool('analysis_tools/gain_table.py', 'gain_table_under_test')
 
 
 @pytest.fixture(scope='module')

@@ -2,7 +2,6 @@
 image): the quickstart Pola-PVT-T detector with the PVT-T baseline config, and a tiny
 windowed Pola-Swin detector with a tiny Swin baseline; the weights it draws are checked
 against what the modules computed."""
-import importlib.util
 import json
 import math
 import os.path as osp
@@ -16,6 +15,7 @@ import torch
 
 from polaformer_mm.models.window_geometry import window_reverse
 from polaformer_mm.ops import pola_linear_attention
+from .._tools import load_tool
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 IMAGE = osp.join(matplotlib.get_data_path(), 'sample_data', 'grace_hopper.jpg')
@@ -49,16 +49,7 @@ model = dict(
     neck=dict(in_channels=[16, 32, 64, 128]))
 """
 
-
-def _load_tool():
-    spec = importlib.util.spec_from_file_location(
-        'visualize_attention', osp.join(ROOT, 'tools', 'analysis_tools', 'visualize_attention.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-tool = _load_tool()
+tool = load_tool('analysis_tools/visualize_attention.py')
 
 
 @pytest.fixture(scope='module')

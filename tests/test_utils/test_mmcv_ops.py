@@ -10,13 +10,17 @@ import sys
 import pytest
 import torch
 
-from polaformer_mm.utils.mmcv_ops import (CPU_ONLY_ENV, MmcvBuildError, MmcvCudaOpsError,
-                                          arch_list_from_capabilities, check_mmcv_cuda_ops,
-                                          mmcv_cuda_ops_version, plan_mmcv_build, uses_mmcv_ops)
+from polaformer_mm.utils.mmcv_ops import (CPU_ONLY_ENV, MmcvCudaOpsError, check_mmcv_cuda_ops,
+                                          mmcv_cuda_ops_version, uses_mmcv_ops)
+from .._tools import load_tool
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 SCRIPT = osp.join(REPO, 'tools', 'build_mmcv_wheel.sh')
-HELPER = osp.join(REPO, 'polaformer_mm', 'utils', 'mmcv_ops.py')
+HELPER = osp.join(REPO, 'tools', 'mmcv_build_plan.py')
+build_plan = load_tool('mmcv_build_plan.py')
+MmcvBuildError = build_plan.MmcvBuildError
+arch_list_from_capabilities = build_plan.arch_list_from_capabilities
+plan_mmcv_build = build_plan.plan_mmcv_build
 
 
 def test_cpu_torch_builds_cpu_ops():
@@ -100,15 +104,15 @@ def test_build_script_stops_with_the_message(tmp_path):
     answering 'CUDA 12.8 torch, a GPU, no nvcc' (no CUDA torch is installed here)."""
     fake = tmp_path / 'python'
     fake.write_text(f'''#!/bin/bash
-if [ "$2" = plan ]; then
+if [[ "$1" == */tools/mmcv_build_plan.py ]]; then
   exec {sys.executable} - <<'EOF'
 import importlib.util, sys
-spec = importlib.util.spec_from_file_location('mmcv_ops', {HELPER!r})
+spec = importlib.util.spec_from_file_location('mmcv_build_plan', {HELPER!r})
 m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
 m.probe_build_environment = lambda: dict(
     torch_version='2.13.0', torch_cuda='12.8', nvcc_version=None, gpu_capabilities=[(9, 0)],
     max_supported=(9, 0))
-sys.exit(m._plan_main())
+sys.exit(m.main())
 EOF
 fi
 exec {sys.executable} "$@"

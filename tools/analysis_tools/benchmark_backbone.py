@@ -67,7 +67,10 @@ sys.path.insert(0, REPO)
 
 # polaformer_mm before anything that imports torchvision: keep this order
 # isort: off
+import polaformer_mm  # noqa: E402,F401  (before torchvision)
 import torch  # noqa: E402
+from polaformer_mm.models.backbones.pola_pvt import PolaPVT  # noqa: E402
+from polaformer_mm.models.backbones.pola_swin import PolaSwin  # noqa: E402
 # isort: on
 
 MODES = ('forward', 'train')
@@ -75,17 +78,20 @@ PRECISIONS = {'none': None, 'fp16': torch.float16, 'bf16': torch.bfloat16}
 RESULT_PREFIX = '@@benchmark_backbone_result '
 OUT_STEM = 'benchmark_backbone'
 
-_PVT_LAYERS = {'t': [2, 2, 2, 2], 's': [3, 4, 6, 3], 'm': [3, 4, 18, 3], 'l': [3, 8, 27, 3]}
+# the sizes of the softmax baselines are those of the Pola archs (the classes' arch_zoo)
 _PVT_ARCH = {'t': 'tiny', 's': 'small', 'm': 'medium', 'l': 'large'}
 _SWIN_ARCH = {'t': 'tiny', 's': 'small', 'b': 'base'}
-_SWIN_SIZES = {
-    't': dict(embed_dims=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24]),
-    's': dict(embed_dims=96, depths=[2, 2, 18, 2], num_heads=[3, 6, 12, 24]),
-    'b': dict(embed_dims=128, depths=[2, 2, 18, 2], num_heads=[4, 8, 16, 32]),
-}
 # drop path as in the repo's configs: detection 0.2 (t, s), UperNet 0.3 (b, the only
 # size with no detection config)
 _SWIN_DROP_PATH = {'t': 0.2, 's': 0.2, 'b': 0.3}
+
+
+def _swin_sizes(arch: str) -> dict:
+    """``embed_dims``, ``depths`` and ``num_heads`` of PolaSwin's ``arch``."""
+    return {
+        k: list(v) if isinstance(v, (list, tuple)) else v
+        for k, v in PolaSwin.arch_zoo[arch].items()
+    }
 
 
 def _named_backbones() -> Dict[str, dict]:
@@ -104,7 +110,8 @@ def _named_backbones() -> Dict[str, dict]:
             config=f'configs/pola_pvt/mask-rcnn_pola-pvt-{k}_fpn_1x_coco.py')
         named[f'pvt-{k}'] = dict(
             scope='mmdet',
-            cfg=dict(type='PyramidVisionTransformer', num_layers=_PVT_LAYERS[k]),
+            cfg=dict(
+                type='PyramidVisionTransformer', num_layers=list(PolaPVT.arch_zoo[arch]['depths'])),
             config=f'configs/pola_pvt/mask-rcnn_pvt-{k}_fpn_1x_coco.py')
     for k, arch in _SWIN_ARCH.items():
         config = ('configs/pola_swin/upernet_{}swin-b_8xb2-160k_ade20k-512x512.py'
@@ -123,7 +130,7 @@ def _named_backbones() -> Dict[str, dict]:
             scope='mmdet',
             cfg=dict(
                 type='SwinTransformer',
-                **_SWIN_SIZES[k],
+                **_swin_sizes(arch),
                 window_size=7,
                 mlp_ratio=4,
                 qkv_bias=True,
@@ -337,9 +344,8 @@ def backbone_specs(names: Sequence[str], configs: Sequence[str]) -> List[dict]:
 
 
 def _registry(scope: Optional[str]):
-    # registers the Pola backbones; lets a CUDA torchvision import beside a CPU torch
-    # (mmdet imports torchvision)
-    import polaformer_mm  # noqa: F401
+    # the Pola backbones are registered by the import of polaformer_mm above (which also
+    # lets a CUDA torchvision import beside a CPU torch: mmdet imports torchvision)
     if scope is None:
         from mmengine.registry import MODELS
         return MODELS

@@ -898,10 +898,9 @@ def _mean_over_queries(values: np.ndarray) -> List[Optional[float]]:
         return np.nanmean(values, axis=0).tolist()
 
 
-def main(argv: Optional[List[str]] = None) -> dict:
-    """Run the analysis; returns the paths it wrote (``json``, ``entropy``,
-    ``exponents`` and ``blocks``: one PNG per analysed block)."""
-    args = parse_args(argv)
+def _check_inputs(args: argparse.Namespace) -> Tuple[List[Tuple[float, float]], str]:
+    """The query points (the defaults when none are given) and the device, after checking
+    that the files exist, the image reads and the points lie on it."""
     for path, what in ((args.image, 'image'), (args.config, 'config'), (args.baseline_config,
                                                                         'baseline config')):
         if path is not None and not osp.isfile(path):
@@ -919,6 +918,12 @@ def main(argv: Optional[List[str]] = None) -> dict:
     device = args.device or ('cuda' if torch.cuda.is_available() else 'cpu')
     if device == 'cuda' and not torch.cuda.is_available():
         raise RuntimeError('--device cuda: torch sees no CUDA device (use --device cpu)')
+    return points, device
+
+
+def _load_configs(args: argparse.Namespace) -> Tuple[Config, Optional[Config], str]:
+    """The config, the baseline config (or None) and the note on the weights every
+    figure carries; the checkpoint must exist, and random weights are warned of loudly."""
     cfg = load_config(args.config)
     base_cfg = load_config(args.baseline_config) if args.baseline_config else None
     if args.checkpoint is not None:
@@ -929,14 +934,18 @@ def main(argv: Optional[List[str]] = None) -> dict:
         _loud_warning(RANDOM_BASELINE_WARNING)
     random_note = ('RANDOM INITIALISATION (no checkpoint): an untrained model'
                    if args.checkpoint is None else f'weights: {osp.basename(args.checkpoint)}')
+    return cfg, base_cfg, random_note
 
-    model = build_model(cfg, args.checkpoint, device, args.seed)
-    prepared = prepare_image(cfg, model, args.image)
-    image_hw = prepared.image.shape[:2]
+
+def _input_points(prepared: Prepared, points: Sequence[Tuple[float, float]]) -> np.ndarray:
+    """The query points in the pixels of the model's input image (clipped to it)."""
     ax_, bx, ay, by = prepared.to_input
     points_input = np.array([[ax_ * x + bx, ay * y + by] for x, y in points])
-    points_input = np.clip(points_input, 0, np.array(image_hw[::-1]) - 1)
+    return np.clip(points_input, 0, np.array(prepared.image.shape[:2][::-1]) - 1)
 
+
+def _pola_sites(args: argparse.Namespace, model: nn.Module, prepared: Prepared) -> List[PolaSite]:
+    """The Pola blocks to analyse (those of ``--stages``); an error when there is none."""
     sites = collect_pola_sites(model.backbone, prepared.inputs)
     if not sites:
         raise ValueError(f'{args.config}: backbone {type(model.backbone).__name__} has no '
@@ -945,6 +954,12 @@ def main(argv: Optional[List[str]] = None) -> dict:
         sites = [s for s in sites if s.stage in args.stages]
         if not sites:
             raise ValueError(f'--stages {args.stages}: no Pola block in these stages')
+    return sites
+
+
+def _baseline_sites(args: argparse.Namespace, base_cfg: Optional[Config], device: str,
+                    prepared: Prepared) -> Dict[Tuple[int, int], Site]:
+    """The softmax blocks of the baseline (none without one), by (stage, block)."""
     baseline_sites = {}
     if base_cfg is not None:
         base_model = build_model(
@@ -952,77 +967,92 @@ def main(argv: Optional[List[str]] = None) -> dict:
         for site in collect_softmax_sites(base_model.backbone, prepared.inputs):
             baseline_sites[(site.stage, site.block)] = site
         del base_model
+    return baseline_sites
 
-    os.makedirs(args.out_dir, exist_ok=True)
-    written = dict(blocks=[])
-    blocks = []
-    for site in sites:
-        # the same stage and depth; grids may differ by a token where one backbone
-        # pads and the other drops a remainder: points map through pixels
-        base = baseline_sites.get((site.stage, site.block))
-        cells = point_cells(points_input, site)
-        maps = site.maps(cells)
-        base_maps = base.maps(point_cells(points_input, base)) if base else None
-        png = osp.join(args.out_dir, f'attention_s{site.stage}_b{site.block}.png')
-        draw_block(png, site, base, prepared.image, points_input, points, maps, base_maps,
-                   args.per_head, random_note, args.dpi)
-        written['blocks'].append(png)
 
-        queries = sample_cells(site, image_hw, args.num_queries, args.seed)
-        learned = site.entropies(queries)
-        p_one = site.entropies(queries, exponent_one=True)
-        p = site.exponents()
-        info = dict(
-            name=site.name,
-            stage=site.stage,
-            block=site.block,
-            **site.describe(),
-            head_dims=int(p.shape[1]),
-            figure=osp.basename(png),
-            exponents=dict(
-                per_head=p.tolist(), min=float(p.min()), mean=float(p.mean()), max=float(p.max())))
-        info['entropy'] = dict(
-            num_queries=len(queries),
-            log_n=float(learned['log_n'].mean()),
-            nan_rows={
-                s: int(np.isnan(learned[s]).sum() + np.isnan(p_one[s]).sum())
-                for s in STREAMS
-            },
-            **{
-                s: dict(learned=_mean_over_queries(learned[s]), p1=_mean_over_queries(p_one[s]))
-                for s in STREAMS
-            })
-        info['points'] = [
+def _exponent_info(p: np.ndarray) -> dict:
+    return dict(per_head=p.tolist(), min=float(p.min()), mean=float(p.mean()), max=float(p.max()))
+
+
+def _entropy_info(learned: dict, p_one: dict, num_queries: int) -> dict:
+    """The mean row entropies of both streams with the learned exponents and with p = 1."""
+    return dict(
+        num_queries=num_queries,
+        log_n=float(learned['log_n'].mean()),
+        nan_rows={s: int(np.isnan(learned[s]).sum() + np.isnan(p_one[s]).sum())
+                  for s in STREAMS},
+        **{
+            s: dict(learned=_mean_over_queries(learned[s]), p1=_mean_over_queries(p_one[s]))
+            for s in STREAMS
+        })
+
+
+def _baseline_info(base: Site, site: PolaSite, queries: np.ndarray, points_input: np.ndarray,
+                   base_maps: dict) -> dict:
+    """The baseline block's layout, entropies at the Pola block's query positions and
+    peaks at the query points."""
+    centres = (queries[:, ::-1] + 0.5) * site.stride  # (x, y) pixels
+    base_queries = point_cells(centres, base)
+    ent = base.entropies(base_queries)
+    return dict(
+        name=base.name,
+        **base.describe(),
+        entropy=dict(
+            num_queries=len(base_queries),
+            log_n=float(ent['log_n'].mean()),
+            softmax=_mean_over_queries(ent['softmax'])),
+        points=[
             dict(
-                input_xy=points_input[i].tolist(),
-                query_cell=cells[i].tolist(),
-                **{
-                    s: dict(
-                        **_peak(maps[s][i], site), off_map_weight=maps[f'{s}_off_map'][i].tolist())
-                    for s in STREAMS
-                }) for i in range(len(points))
-        ]
-        if base is not None:
-            centres = (queries[:, ::-1] + 0.5) * site.stride  # (x, y) pixels
-            base_queries = point_cells(centres, base)
-            ent = base.entropies(base_queries)
-            info['baseline'] = dict(
-                name=base.name,
-                **base.describe(),
-                entropy=dict(
-                    num_queries=len(base_queries),
-                    log_n=float(ent['log_n'].mean()),
-                    softmax=_mean_over_queries(ent['softmax'])),
-                points=[
-                    dict(
-                        query_cell=c,
-                        **_peak(base_maps['softmax'][i], base),
-                        off_map_weight=base_maps['softmax_off_map'][i].tolist())
-                    for i, c in enumerate(point_cells(points_input, base).tolist())
-                ])
-        site.release()
-        blocks.append(info)
+                query_cell=c,
+                **_peak(base_maps['softmax'][i], base),
+                off_map_weight=base_maps['softmax_off_map'][i].tolist())
+            for i, c in enumerate(point_cells(points_input, base).tolist())
+        ])
 
+
+def _analyse_block(args: argparse.Namespace, site: PolaSite, base: Optional[Site],
+                   prepared: Prepared, points: Sequence[Tuple[float, float]],
+                   points_input: np.ndarray, random_note: str) -> Tuple[str, dict]:
+    """Draw one Pola block's figure (with its baseline block ``base``, if any) and
+    measure it; returns the figure's path and the block's numbers for the JSON."""
+    # the same stage and depth; grids may differ by a token where one backbone
+    # pads and the other drops a remainder: points map through pixels
+    cells = point_cells(points_input, site)
+    maps = site.maps(cells)
+    base_maps = base.maps(point_cells(points_input, base)) if base else None
+    png = osp.join(args.out_dir, f'attention_s{site.stage}_b{site.block}.png')
+    draw_block(png, site, base, prepared.image, points_input, points, maps, base_maps,
+               args.per_head, random_note, args.dpi)
+
+    queries = sample_cells(site, prepared.image.shape[:2], args.num_queries, args.seed)
+    p = site.exponents()
+    info = dict(
+        name=site.name,
+        stage=site.stage,
+        block=site.block,
+        **site.describe(),
+        head_dims=int(p.shape[1]),
+        figure=osp.basename(png),
+        exponents=_exponent_info(p))
+    info['entropy'] = _entropy_info(
+        site.entropies(queries), site.entropies(queries, exponent_one=True), len(queries))
+    info['points'] = [
+        dict(
+            input_xy=points_input[i].tolist(),
+            query_cell=cells[i].tolist(),
+            **{
+                s: dict(**_peak(maps[s][i], site), off_map_weight=maps[f'{s}_off_map'][i].tolist())
+                for s in STREAMS
+            }) for i in range(len(points))
+    ]
+    if base is not None:
+        info['baseline'] = _baseline_info(base, site, queries, points_input, base_maps)
+    site.release()
+    return png, info
+
+
+def _stage_summaries(sites: Sequence[PolaSite], blocks: Sequence[dict]) -> List[dict]:
+    """Per stage, the learned exponents of its analysed blocks: range and histogram."""
     stages = []
     for stage in sorted({s.stage for s in sites}):
         values = np.concatenate(
@@ -1038,19 +1068,20 @@ def main(argv: Optional[List[str]] = None) -> dict:
                 mean=float(values.mean()),
                 max=float(values.max()),
                 histogram=dict(bin_edges=edges.tolist(), counts=counts.tolist())))
+    return stages
 
-    written['entropy'] = osp.join(args.out_dir, 'entropy.png')
-    draw_entropy(written['entropy'], blocks, random_note, args.dpi)
-    written['exponents'] = osp.join(args.out_dir, 'exponents.png')
-    draw_exponents(written['exponents'], stages, max(s.alpha for s in sites), random_note, args.dpi)
 
-    summary = dict(
+def _summary(args: argparse.Namespace, prepared: Prepared, base_cfg: Optional[Config],
+             points: Sequence[Tuple[float, float]], points_input: np.ndarray, blocks: List[dict],
+             stages: List[dict]) -> dict:
+    """The contents of ``attention.json``."""
+    return dict(
         config=args.config,
         checkpoint=args.checkpoint,
         random_weights=args.checkpoint is None,
         image=args.image,
         image_shape=list(prepared.ori_hw),
-        input_image_shape=list(image_hw),
+        input_image_shape=list(prepared.image.shape[:2]),
         input_shape=list(prepared.inputs.shape[-2:]),
         baseline_config=args.baseline_config,
         baseline_checkpoint=args.baseline_checkpoint,
@@ -1067,6 +1098,35 @@ def main(argv: Optional[List[str]] = None) -> dict:
                       'power function need not lower it.'),
         blocks=blocks,
         stages=stages)
+
+
+def main(argv: Optional[List[str]] = None) -> dict:
+    """Run the analysis; returns the paths it wrote (``json``, ``entropy``,
+    ``exponents`` and ``blocks``: one PNG per analysed block)."""
+    args = parse_args(argv)
+    points, device = _check_inputs(args)
+    cfg, base_cfg, random_note = _load_configs(args)
+    model = build_model(cfg, args.checkpoint, device, args.seed)
+    prepared = prepare_image(cfg, model, args.image)
+    points_input = _input_points(prepared, points)
+    sites = _pola_sites(args, model, prepared)
+    baseline_sites = _baseline_sites(args, base_cfg, device, prepared)
+
+    os.makedirs(args.out_dir, exist_ok=True)
+    written = dict(blocks=[])
+    blocks = []
+    for site in sites:
+        png, info = _analyse_block(args, site, baseline_sites.get((site.stage, site.block)),
+                                   prepared, points, points_input, random_note)
+        written['blocks'].append(png)
+        blocks.append(info)
+    stages = _stage_summaries(sites, blocks)
+
+    written['entropy'] = osp.join(args.out_dir, 'entropy.png')
+    draw_entropy(written['entropy'], blocks, random_note, args.dpi)
+    written['exponents'] = osp.join(args.out_dir, 'exponents.png')
+    draw_exponents(written['exponents'], stages, max(s.alpha for s in sites), random_note, args.dpi)
+    summary = _summary(args, prepared, base_cfg, points, points_input, blocks, stages)
     written['json'] = osp.join(args.out_dir, 'attention.json')
     with open(written['json'], 'w') as f:
         json.dump(_json_safe(summary), f, indent=1)

@@ -13,7 +13,6 @@ Exit status 1 when there is an error. tools/train.py runs the same check before 
 (--skip-dataset-check turns it off). See polaformer_mm/engine/dataset_check.py for what is
 read and what it costs.
 """
-import argparse
 import os.path as osp
 import sys
 
@@ -22,20 +21,14 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 # polaformer_mm before anything that imports torchvision: keep this order
 # isort: off
 import polaformer_mm  # noqa: E402,F401  (before torchvision)
-from mmengine.config import DictAction  # noqa: E402
 from polaformer_mm.engine import entry  # noqa: E402
 from polaformer_mm.engine.dataset_check import check_datasets, format_reports  # noqa: E402
 # isort: on
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description='Check the datasets of a polaformer_mm config')
-    p.add_argument('config', help='config file (mmdet, mmseg or mmpretrain)')
-    p.add_argument(
-        '--cfg-options',
-        nargs='+',
-        action=DictAction,
-        help='override config keys, e.g. train_dataloader.dataset.data_root=...')
+    p = entry.tool_parser('Check the datasets of a polaformer_mm config')
+    entry.add_cfg_options(p, 'override config keys, e.g. train_dataloader.dataset.data_root=...')
     p.add_argument(
         '--splits',
         nargs='+',

@@ -8,6 +8,7 @@ import torch.nn as nn
 from mmengine.logging import MMLogger
 from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
+from mmengine.utils import to_2tuple
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -61,7 +62,8 @@ class PolaBackboneBase(BaseModule):
     """Common behaviour of the Pola backbones.
 
     Subclasses set ``family`` ('pvt' or 'swin': the official model family, whose
-    checkpoints they load), ``arch_zoo``, ``_arch_keys`` and ``_arch_defaults``, and
+    checkpoints they load), ``arch_zoo``, ``_arch_keys``, ``_arch_defaults`` and
+    ``_arch_stage_lists``, check their arguments with :meth:`_check_common_args`, and
     implement ``forward_stages`` (yielding raw stage tokens and their grid) and
     ``_frozen_modules`` (the modules ``frozen_stages`` covers).
     """
@@ -70,6 +72,8 @@ class PolaBackboneBase(BaseModule):
     arch_zoo: Dict[str, dict] = {}
     _arch_keys: Tuple[str, ...] = ()
     _arch_defaults: dict = {}
+    #: arch entries that hold one positive int per stage (``depths`` is always checked)
+    _arch_stage_lists: Tuple[str, ...] = ()
 
     def __init__(self, init_cfg=None, pretrained: Optional[str] = None):
         # mmseg's EncoderDecoder hands the model-level ``pretrained`` to the backbone
@@ -82,6 +86,30 @@ class PolaBackboneBase(BaseModule):
                 "type='Pretrained', checkpoint=...)", DeprecationWarning)
             init_cfg = dict(type='Pretrained', checkpoint=pretrained)
         super().__init__(init_cfg=init_cfg)
+
+    def _check_common_args(self, arch: Union[str, dict], attn_types: str, out_indices,
+                           frozen_stages: int, norm_eval: bool, with_cp: bool, patch_size: int,
+                           in_channels: int, pretrain_img_size,
+                           drop_rates: Dict[str, float]) -> Tuple[dict, list]:
+        """Check (and store) what both backbones take: the arch and its per-stage lists,
+        the per-stage options (:meth:`_setup_stages`), the patch embedding, the dropout
+        rates (``drop_rates``: name -> rate) and the pretraining size.
+
+        Returns:
+            tuple: the parsed arch (:meth:`_parse_arch`) and the token grid of every
+            stage at ``pretrain_img_size`` (:meth:`_stage_grids`).
+        """
+        arch = self._parse_arch(arch)
+        num_stages = len(arch['depths'])
+        self._setup_stages(num_stages, attn_types, out_indices, frozen_stages, norm_eval, with_cp)
+        for name in self._arch_stage_lists:
+            check_stage_list(f'arch {name}', arch[name], num_stages)
+        check_positive_int('patch_size', patch_size)
+        check_positive_int('in_channels', in_channels)
+        for name, rate in drop_rates.items():
+            check_probability(name, rate)
+        grids = self._stage_grids(to_2tuple(pretrain_img_size), patch_size, num_stages)
+        return arch, grids
 
     def _parse_arch(self, arch: Union[str, dict]) -> dict:
         name = type(self).__name__

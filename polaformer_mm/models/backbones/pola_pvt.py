@@ -12,7 +12,7 @@ from torch import Tensor
 
 from ..attention import PolaLinearAttention, SpatialReductionAttention, StagePositionalEncodings
 from ..utils import Mlp, PatchEmbed, drop_path_rates, nlc_to_nchw, resize_token_grid, run_blocks
-from .base import PolaBackboneBase, check_positive_int, check_probability, check_stage_list
+from .base import PolaBackboneBase, check_stage_list
 
 
 class PVTBlock(BaseModule):
@@ -239,6 +239,7 @@ class PolaPVT(PolaBackboneBase):
         mlp_ratios=[8, 8, 4, 4],
         sr_ratios=[8, 4, 2, 1])
     _arch_keys = ('embed_dims', 'depths', 'num_heads', 'mlp_ratios', 'sr_ratios')
+    _arch_stage_lists = ('embed_dims', 'num_heads', 'sr_ratios')
 
     def __init__(self,
                  arch: Union[str, dict] = 'tiny',
@@ -262,31 +263,14 @@ class PolaPVT(PolaBackboneBase):
                  pretrained: Optional[str] = None,
                  init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg, pretrained=pretrained)
-        arch = self._parse_arch(arch)
+        arch, grids = self._check_common_args(
+            arch, attn_types, out_indices, frozen_stages, norm_eval, with_cp, patch_size,
+            in_channels, pretrain_img_size,
+            dict(drop_rate=drop_rate, attn_drop_rate=attn_drop_rate, drop_path_rate=drop_path_rate))
         num_stages = len(arch['depths'])
-        self._setup_stages(num_stages, attn_types, out_indices, frozen_stages, norm_eval, with_cp)
-        la_sr_ratios = check_stage_list('la_sr_ratios', la_sr_ratios, num_stages)
-        for name in ('embed_dims', 'num_heads', 'sr_ratios'):
-            check_stage_list(f'arch {name}', arch[name], num_stages)
-        mlp_ratios = arch['mlp_ratios']
-        if not (isinstance(mlp_ratios, list) and len(mlp_ratios) == num_stages
-                and all(isinstance(r, (int, float)) and r > 0 for r in mlp_ratios)):
-            raise ValueError(f'arch mlp_ratios must be {num_stages} numbers > 0, '
-                             f'got {mlp_ratios!r}')
-        check_positive_int('patch_size', patch_size)
-        check_positive_int('in_channels', in_channels)
-        for name, p in (('drop_rate', drop_rate), ('attn_drop_rate', attn_drop_rate),
-                        ('drop_path_rate', drop_path_rate)):
-            check_probability(name, p)
-        pretrain_img_size = to_2tuple(pretrain_img_size)
-        grids = self._stage_grids(pretrain_img_size, patch_size, num_stages)
-        for i in range(num_stages):
-            if attn_types[i] == 'L' and min(grids[i]) < la_sr_ratios[i]:
-                raise ValueError(f'la_sr_ratios[{i}]={la_sr_ratios[i]} exceeds stage {i}\'s grid '
-                                 f'{grids[i]} at pretrain_img_size={pretrain_img_size}: its '
-                                 'positional encoding would have no tokens')
+        self.la_sr_ratios = tuple(
+            self._check_pvt_args(arch, la_sr_ratios, grids, to_2tuple(pretrain_img_size)))
         self.arch = arch
-        self.la_sr_ratios = tuple(la_sr_ratios)
         self.num_features = list(arch['embed_dims'])
 
         dpr = drop_path_rates(drop_path_rate, arch['depths'])
@@ -305,9 +289,9 @@ class PolaPVT(PolaBackboneBase):
                     with_cp=with_cp,
                     num_heads=arch['num_heads'][i],
                     mlp_ratio=arch['mlp_ratios'][i],
-                    attn_type=attn_types[i],
+                    attn_type=self.attn_types[i],
                     sr_ratio=arch['sr_ratios'][i],
-                    la_sr_ratio=la_sr_ratios[i],
+                    la_sr_ratio=self.la_sr_ratios[i],
                     alpha=alpha,
                     kernel_size=kernel_size,
                     qkv_bias=qkv_bias,
@@ -316,6 +300,24 @@ class PolaPVT(PolaBackboneBase):
                     act_cfg=act_cfg))
             prev_dims = arch['embed_dims'][i]
         self._freeze_stages()  # before any optimizer sees the parameters
+
+    def _check_pvt_args(self, arch: dict, la_sr_ratios, grids: Sequence[Tuple[int, int]],
+                        pretrain_img_size: Tuple[int, int]) -> list:
+        """The checks of PVT's own arguments (``la_sr_ratios``, the arch's
+        ``mlp_ratios``); returns ``la_sr_ratios`` as a list."""
+        num_stages = len(arch['depths'])
+        la_sr_ratios = check_stage_list('la_sr_ratios', la_sr_ratios, num_stages)
+        mlp_ratios = arch['mlp_ratios']
+        if not (isinstance(mlp_ratios, list) and len(mlp_ratios) == num_stages
+                and all(isinstance(r, (int, float)) and r > 0 for r in mlp_ratios)):
+            raise ValueError(f'arch mlp_ratios must be {num_stages} numbers > 0, '
+                             f'got {mlp_ratios!r}')
+        for i in range(num_stages):
+            if self.attn_types[i] == 'L' and min(grids[i]) < la_sr_ratios[i]:
+                raise ValueError(f'la_sr_ratios[{i}]={la_sr_ratios[i]} exceeds stage {i}\'s grid '
+                                 f'{grids[i]} at pretrain_img_size={pretrain_img_size}: its '
+                                 'positional encoding would have no tokens')
+        return la_sr_ratios
 
     def _frozen_modules(self):
         if self.frozen_stages >= 0:

@@ -9,7 +9,6 @@ from mmcv.cnn import build_norm_layer
 from mmcv.cnn.bricks import DropPath
 from mmengine.model import BaseModule
 from mmengine.registry import MODELS
-from mmengine.utils import to_2tuple
 from torch import Tensor
 
 from ...utils.compat import in_graph_capture
@@ -17,7 +16,7 @@ from ..attention import PolaLinearAttention, StagePositionalEncodings, WindowMSA
 from ..utils import Mlp, PatchEmbed, drop_path_rates, run_blocks
 from ..window_geometry import (captured_window_layout, padded_size, window_gather, window_mask,
                                window_padding, window_shift)
-from .base import PolaBackboneBase, check_positive_int, check_probability, check_stage_list
+from .base import PolaBackboneBase, check_positive_int
 
 
 class SwinBlock(BaseModule):
@@ -334,6 +333,7 @@ class PolaSwin(PolaBackboneBase):
                         dict(embed_dims=128, depths=[2, 2, 18, 2], num_heads=[4, 8, 16, 32])),
     }
     _arch_keys = ('embed_dims', 'depths', 'num_heads')
+    _arch_stage_lists = ('num_heads', )
 
     def __init__(self,
                  arch: Union[str, dict] = 'tiny',
@@ -359,40 +359,55 @@ class PolaSwin(PolaBackboneBase):
                  pretrained: Optional[str] = None,
                  init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg, pretrained=pretrained)
-        arch = self._parse_arch(arch)
-        depths, num_heads = arch['depths'], arch['num_heads']
-        num_stages = len(depths)
-        self._setup_stages(num_stages, attn_types, out_indices, frozen_stages, norm_eval, with_cp)
-        attn_types = self.attn_types
+        arch, grids = self._check_common_args(
+            arch, attn_types, out_indices, frozen_stages, norm_eval, with_cp, patch_size,
+            in_channels, pretrain_img_size,
+            dict(drop_rate=drop_rate, attn_drop_rate=attn_drop_rate, drop_path_rate=drop_path_rate))
         check_positive_int('arch embed_dims', arch['embed_dims'])
-        check_stage_list('arch num_heads', num_heads, num_stages)
         check_positive_int('window_size', window_size)
         if linear_window_size is not None:
             linear_window_size = check_positive_int('linear_window_size', linear_window_size)
-        check_positive_int('patch_size', patch_size)
-        check_positive_int('in_channels', in_channels)
         if not mlp_ratio > 0:
             raise ValueError(f'mlp_ratio must be > 0, got {mlp_ratio}')
-        for name, p in (('drop_rate', drop_rate), ('attn_drop_rate', attn_drop_rate),
-                        ('drop_path_rate', drop_path_rate)):
-            check_probability(name, p)
-        pretrain_img_size = to_2tuple(pretrain_img_size)
-        grids = self._stage_grids(pretrain_img_size, patch_size, num_stages)
         self.arch = arch
         self.linear_window_size = linear_window_size
 
         self.patch_embed = PatchEmbed(
             in_channels, arch['embed_dims'], patch_size, norm_cfg=norm_cfg)
         self.drop_after_pos = nn.Dropout(drop_rate)
-        dpr = drop_path_rates(drop_path_rate, depths)
-        dims = arch['embed_dims']
+        self._build_stages(
+            grids,
+            drop_path_rates(drop_path_rate, arch['depths']),
+            with_cp=with_cp,
+            norm_cfg=norm_cfg,
+            window_size=window_size,
+            alpha=alpha,
+            kernel_size=kernel_size,
+            mlp_ratio=mlp_ratio,
+            qkv_bias=qkv_bias,
+            drop_rate=drop_rate,
+            attn_drop_rate=attn_drop_rate,
+            act_cfg=act_cfg)
+        for i in self.out_indices:
+            self.add_module(f'norm{i}', build_norm_layer(norm_cfg, self.num_features[i])[1])
+        self._freeze_stages()  # before any optimizer sees the parameters
+
+    def _build_stages(self, grids: Sequence[Tuple[int, int]], dpr: Sequence[Sequence[float]],
+                      **stage_cfg) -> None:
+        """``self.stages`` (channels doubling from ``arch['embed_dims']``) and
+        ``self.num_features``; each 'L' stage's window and positional-encoding grid
+        follow from ``linear_window_size`` and the stage's grid at pretraining
+        (``grids``); ``stage_cfg``: the arguments every :class:`SwinStage` shares."""
+        depths, num_heads = self.arch['depths'], self.arch['num_heads']
+        num_stages = len(depths)
+        dims = self.arch['embed_dims']
         self.num_features = []
         self.stages = nn.ModuleList()
         for i in range(num_stages):
-            if linear_window_size is None:
+            if self.linear_window_size is None:
                 stage_window, pos_grid = None, grids[i]
             else:
-                stage_window = min(linear_window_size, *grids[i])
+                stage_window = min(self.linear_window_size, *grids[i])
                 pos_grid = (stage_window, stage_window)
             self.stages.append(
                 SwinStage(
@@ -400,25 +415,13 @@ class PolaSwin(PolaBackboneBase):
                     depths[i],
                     downsample=i < num_stages - 1,
                     drop_path_rates=dpr[i],
-                    with_cp=with_cp,
-                    norm_cfg=norm_cfg,
                     num_heads=num_heads[i],
-                    attn_type=attn_types[i],
-                    window_size=window_size,
+                    attn_type=self.attn_types[i],
                     linear_window_size=stage_window,
                     pos_grid=pos_grid,
-                    alpha=alpha,
-                    kernel_size=kernel_size,
-                    mlp_ratio=mlp_ratio,
-                    qkv_bias=qkv_bias,
-                    drop_rate=drop_rate,
-                    attn_drop_rate=attn_drop_rate,
-                    act_cfg=act_cfg))
+                    **stage_cfg))
             self.num_features.append(dims)
             dims *= 2
-        for i in self.out_indices:
-            self.add_module(f'norm{i}', build_norm_layer(norm_cfg, self.num_features[i])[1])
-        self._freeze_stages()  # before any optimizer sees the parameters
 
     def _frozen_modules(self) -> Iterator[nn.Module]:
         if self.frozen_stages >= 0:
