@@ -362,7 +362,6 @@ class _PolaAttentionFunction(torch.autograd.Function):
         alpha, has_scale = ctx.alpha, ctx.has_scale
         exact_blocks = set(ctx.exact_blocks)
         B, h, _, d = q.shape
-        d1 = value_split(d)
         p = pola_exponent(power, alpha)
         grad_out = grad_out.to(q.dtype)
         g_p = torch.zeros_like(p)
@@ -392,26 +391,8 @@ class _PolaAttentionFunction(torch.autograd.Function):
                     g_log_scale=g_log_scale)
                 continue
             fast_blocks += 1
-            W_b = W[bs]
-            qf, shift_q, scaled, inv_x = scaled_features_for_backward(
-                q[bs, :, ts], p, per_row=True, log_scale=log_scale)
-            num_den, inv_den = _divide_by_denominators(qf, shift_q, W_b, eps_b, shift_k[bs])
-            g_out = grad_out[bs, :, ts]
-            g_num_den = num_den.new_empty(num_den.shape)  # [g z, dL/dden_sim, dL/dden_opp]
-            torch.mul(g_out[..., :d1], inv_den[..., :1], out=g_num_den[..., :d1])
-            torch.mul(g_out[..., d1:], inv_den[..., 1:], out=g_num_den[..., d1:d])
-            g_num = num_den[..., :d].mul_(g_num_den[..., :d])
-            torch.sum(g_num[..., :d1], dim=-1, keepdim=True, out=g_num_den[..., d:d + 1])
-            torch.sum(g_num[..., d1:], dim=-1, keepdim=True, out=g_num_den[..., d + 1:])
-            g_num_den[..., d:].mul_(inv_den).neg_()
-            del g_num, inv_den, num_den
-            gW[bs] += _planes_t_matmul(qf, g_num_den)
-            for j in range(2):
-                qf[j].mul_(
-                    torch.matmul(g_num_den, W_b[..., j * d:(j + 1) * d, :].transpose(-2, -1)))
-            del g_num_den
-            _feature_grads(qf, scaled, inv_x, p, g_q[bs, :, ts], g_p, g_log_scale)
-            del qf, scaled, inv_x
+            _shared_block_grads(q[bs, :, ts], p, W[bs], eps_b, shift_k[bs], log_scale,
+                                grad_out[bs, :, ts], g_q[bs, :, ts], gW[bs], g_p, g_log_scale)
 
         # Keys, block by block: W holds [k+, k-]^T v / n and the key means, of the
         # shared shifts (fast blocks) and of the exact ones (exact blocks).
@@ -446,6 +427,33 @@ class _PolaAttentionFunction(torch.autograd.Function):
         if has_scale:
             g_scale = g_log_scale.div_(scale)
         return g_q, g_k, g_v, g_power, None, None, g_scale
+
+
+def _shared_block_grads(q: Tensor, p: Tensor, W: Tensor, eps: EpsType, shift_k: Tensor,
+                        log_scale: Optional[Tensor], grad_out: Tensor, g_q: Tensor, g_W: Tensor,
+                        g_p: Tensor, g_log_scale: Optional[Tensor]) -> None:
+    """The backward pass of one block of queries taken with the shared shifts: recompute
+    num and the denominators; out_c = num_c z (z = 1 / the denominator of c's stream):
+    dL/dnum_c = g_c z, dL/dden = -z sum_c (g_c z) num_c. Writes the queries' gradient
+    into ``g_q`` and adds to ``g_W`` (the key summary's), ``g_p`` and ``g_log_scale``."""
+    d = q.shape[-1]
+    d1 = value_split(d)
+    qf, shift_q, scaled, inv_x = scaled_features_for_backward(
+        q, p, per_row=True, log_scale=log_scale)
+    num_den, inv_den = _divide_by_denominators(qf, shift_q, W, eps, shift_k)
+    g_num_den = num_den.new_empty(num_den.shape)  # [g z, dL/dden_sim, dL/dden_opp]
+    torch.mul(grad_out[..., :d1], inv_den[..., :1], out=g_num_den[..., :d1])
+    torch.mul(grad_out[..., d1:], inv_den[..., 1:], out=g_num_den[..., d1:d])
+    g_num = num_den[..., :d].mul_(g_num_den[..., :d])
+    torch.sum(g_num[..., :d1], dim=-1, keepdim=True, out=g_num_den[..., d:d + 1])
+    torch.sum(g_num[..., d1:], dim=-1, keepdim=True, out=g_num_den[..., d + 1:])
+    g_num_den[..., d:].mul_(inv_den).neg_()
+    del g_num, inv_den, num_den
+    g_W += _planes_t_matmul(qf, g_num_den)
+    for j in range(2):
+        qf[j].mul_(torch.matmul(g_num_den, W[..., j * d:(j + 1) * d, :].transpose(-2, -1)))
+    del g_num_den
+    _feature_grads(qf, scaled, inv_x, p, g_q, g_p, g_log_scale)
 
 
 def _exact_summary(k: Tensor, v: Tensor, p: Tensor, shifts: Tensor,

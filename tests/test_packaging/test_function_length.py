@@ -10,13 +10,6 @@ REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 ROOTS = ('polaformer_mm', 'tools')
 MAX_LINES = 80
 
-#: Functions of polaformer_mm/ops/ still longer than MAX_LINES while that package is split
-#: up: qualified name -> its length now, which it may not exceed. Delete an entry once its
-#: function is split; delete the whole dict (and its use below) once it is empty.
-OPS_EXCEPTIONS = {
-    '_PolaAttentionFunction._backward': 92,  # polaformer_mm/ops/pola_attention.py
-}
-
 
 def _sources():
     """The Python files under ROOTS (hidden folders, such as an installed .mim, left out)."""
@@ -51,10 +44,7 @@ def _lengths():
 def test_no_function_is_longer_than_80_lines():
     too_long = []
     for rel, name, line, length in _lengths():
-        allowed = MAX_LINES
-        if rel.startswith(osp.join('polaformer_mm', 'ops') + osp.sep):
-            allowed = max(allowed, OPS_EXCEPTIONS.get(name, 0))
-        if length > allowed:
+        if length > MAX_LINES:
             too_long.append(f'{rel}:{line} {name}: {length} lines')
     assert not too_long, (f'functions longer than {MAX_LINES} lines (split them into named '
                           'pieces):\n' + '\n'.join(too_long))
