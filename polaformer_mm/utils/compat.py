@@ -23,10 +23,12 @@ difference is decided here, once, and the rest of the package calls these functi
 
 Only torch and numpy are imported here (Triton lazily, by :func:`triton_status`).
 """
+import contextlib
+import functools
 import importlib
 import inspect
 import re
-from typing import NamedTuple, Optional, Tuple
+from typing import Iterator, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -34,7 +36,7 @@ import torch
 __all__ = [
     'TORCH_VERSION', 'NATIVE_ALLOWLIST', 'native_safe_globals', 'NUMPY_MULTIARRAY', 'MIN_TRITON',
     'TritonStatus', 'TORCHSCRIPT_ONNX_EXPORT', 'is_autocast_enabled', 'is_compiling',
-    'in_graph_capture', 'triton_status', 'version_tuple'
+    'in_graph_capture', 'legacy_onnx_export_api', 'triton_status', 'version_tuple'
 ]
 
 
@@ -121,6 +123,46 @@ def in_graph_capture() -> bool:
 TORCHSCRIPT_ONNX_EXPORT = ({
     'dynamo': False
 } if 'dynamo' in inspect.signature(torch.onnx.export).parameters else {})
+
+
+def _cast_long(g, value, non_blocking):
+    """The ONNX symbolic of a cast to int64, as ``symbolic_opset9._cast_Long`` wrote it."""
+    return g.op('Cast', value, to_i=int(torch.onnx.TensorProtoDataType.INT64))
+
+
+@contextlib.contextmanager
+def legacy_onnx_export_api() -> Iterator[None]:
+    """While active, ``torch.onnx`` offers what code written for its torch 1.x / 2.0 API
+    calls (mmdeploy 1.3, whose ``torch.onnx.export`` calls pass no ``dynamo=``):
+
+    * ``torch.onnx.export`` takes the TorchScript exporter (``dynamo=False``, unless the
+      caller passes ``dynamo``) on torch 2.5+; on older torch it is left as it is;
+    * ``torch.onnx.symbolic_opset9._cast_Long``, which newer torch removed, exists (mmdeploy's
+      RoIAlign symbolic casts the batch indices with it).
+
+    Both are put back on exit. Nothing is changed where the torch already has them.
+    """
+    import torch.onnx.symbolic_opset9 as opset9
+    original_export = torch.onnx.export
+    added_cast = not hasattr(opset9, '_cast_Long')
+    if TORCHSCRIPT_ONNX_EXPORT:
+
+        @functools.wraps(original_export)
+        def export(*args, **kwargs):
+            for key, value in TORCHSCRIPT_ONNX_EXPORT.items():
+                kwargs.setdefault(key, value)
+            return original_export(*args, **kwargs)
+
+        torch.onnx.export = export
+    if added_cast:
+        opset9._cast_Long = _cast_long
+    try:
+        yield
+    finally:
+        torch.onnx.export = original_export
+        if added_cast:
+            del opset9._cast_Long
+
 
 #: Oldest Triton the fused kernels run with.
 MIN_TRITON = (3, 0)

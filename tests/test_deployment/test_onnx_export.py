@@ -1,10 +1,12 @@
 """ONNX export (TorchScript exporter, opset 11, dynamic sizes): one file per backbone runs
 in onnxruntime at sizes other than the export size with the stage maps of PyTorch; an
-export leaves the module caches as eager use needs them; the whole quickstart models
-export through tools/deployment/pytorch2onnx.py."""
+export leaves the module caches as eager use needs them; the tensor part of the quickstart
+detector exports through tools/deployment/pytorch2onnx.py --tensor-only (no mmdeploy; the
+end-to-end export is tested in test_end2end.py)."""
 import os.path as osp
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import torch
@@ -127,7 +129,7 @@ def _cpu_half_convolution():
     f'({_cpu_half_convolution()})')
 def test_fp16_graph_is_finite(tmp_path):
     """A half-precision export runs the attention's features in float32 (the op
-    computes them so, and the graph keeps the casts) and gives finite maps in
+    computes them so, and the graph keeps the casts) and gives finite float16 maps in
     onnxruntime."""
     model = ExportableModel(_randomised(BACKBONES['pvt']), 'backbone').half()
     path = str(tmp_path / 'fp16.onnx')
@@ -143,6 +145,17 @@ def test_fp16_graph_is_finite(tmp_path):
             }},
             opset_version=11,
             **TORCHSCRIPT_ONNX_EXPORT)
+    # the precision the graph keeps: the polarity features (log |x|, their row maxima,
+    # exp) in float32, LayerNorm's decomposition (its Pow) not in float16
+    graph = onnx.shape_inference.infer_shapes(onnx.load(path)).graph
+    dtypes = {v.name: v.type.tensor_type.elem_type for v in [*graph.value_info, *graph.input]}
+    dtypes.update({t.name: t.data_type for t in graph.initializer})
+    kept = {}
+    for node in graph.node:
+        if node.op_type in ('Log', 'Exp', 'ReduceMax', 'Pow'):
+            kept.setdefault(node.op_type, set()).add(dtypes.get(node.input[0]))
+    assert kept['Log'] == kept['Exp'] == kept['ReduceMax'] == {onnx.TensorProto.FLOAT}, kept
+    assert onnx.TensorProto.FLOAT16 not in kept['Pow'], kept
     session = ort.InferenceSession(path, providers=['CPUExecutionProvider'])
     for hw in [EXPORT_HW, OTHER_HW[0]]:
         x = (torch.randn(1, 3, *hw) * 3).half().numpy()
@@ -154,11 +167,12 @@ def _tool():
     return load_tool('deployment/pytorch2onnx.py')
 
 
-def test_whole_detector_exports_with_the_tool(tmp_path, capsys):
+def test_detector_tensor_part_exports_with_the_tool(tmp_path, capsys):
     out = str(tmp_path / 'mask-rcnn.onnx')
     result = _tool().main([
-        osp.join(REPO, 'configs', 'quickstart', 'mask-rcnn_pola-pvt-nano_fpn_synthetic.py'),
-        '--shape', '64', '64', '--dynamic', '--out', out, '--check-shapes', '48', '80'
+        osp.join(REPO, 'configs', 'quickstart',
+                 'mask-rcnn_pola-pvt-nano_fpn_synthetic.py'), '--shape', '64', '64', '--dynamic',
+        '--tensor-only', '--out', out, '--check-shapes', '48', '80'
     ])
     assert result['ok'] and osp.isfile(out)
     # RPN objectness and box deltas of the 5 FPN levels, at both sizes
