@@ -30,13 +30,13 @@ $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) and "the tested stack needs Python 3.11; set PYTHON=/path/to/python3.11")'
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): $(PY) requirements/build.txt $(STACK_REQS) requirements/mim.txt setup.py
+$(STAMP): $(PY) requirements/build.txt $(STACK_REQS) requirements/mim.txt requirements/deploy.txt setup.py
 	$(PIP) install -r requirements/build.txt $$(grep -hE '^(torch|numpy)==' $(STACK_REQS))
 	wheels=$$($(MMCV_BUILD_ENV) tools/build_mmcv_wheel.sh $(PY)) && \
 	  $(PIP) install --find-links "$$wheels" --only-binary mmcv \
 	    $(addprefix -r ,$(STACK_REQS)) && \
-	  $(PIP) install --no-deps -r requirements/mim.txt
-	$(PY) -c "import polaformer_mm, mmcv.ops, mmdet.models, mmseg.models, mmpretrain.models, mim; print('stack ok')" \
+	  $(PIP) install --no-deps -r requirements/mim.txt -r requirements/deploy.txt
+	$(PY) -c "import polaformer_mm, mmcv.ops, mmdet.models, mmseg.models, mmpretrain.models, mim, mmdeploy.apis; print('stack ok')" \
 	  || { echo 'install: the stack does not import (see above)'; exit 1; }
 	echo $(STACK) > $(VENV)/.polaformer_mm-stack
 	touch $(STAMP)

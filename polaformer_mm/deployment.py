@@ -789,6 +789,19 @@ class End2EndExport(NamedTuple):
     dynamic: bool  #: whether the graph takes any input size
 
 
+def _check_end2end_output(path: str) -> None:
+    """Stop before building anything: mmdeploy importable, ``path`` an .onnx file in an
+    existing folder."""
+    missing = mmdeploy_missing()
+    if missing:
+        raise ImportError(missing)
+    if not path.endswith('.onnx'):
+        raise ValueError(f'the output file must end in .onnx, got {path}')
+    folder = osp.dirname(osp.abspath(path))
+    if not osp.isdir(folder):
+        raise FileNotFoundError(f'output folder does not exist: {folder}')
+
+
 def export_end2end(config: Union[str, 'Config'],
                    checkpoint: Optional[str],
                    path: str,
@@ -825,14 +838,7 @@ def export_end2end(config: Union[str, 'Config'],
     from .engine.entry import load_config
     from .utils.compat import legacy_onnx_export_api
 
-    missing = mmdeploy_missing()
-    if missing:
-        raise ImportError(missing)
-    if not path.endswith('.onnx'):
-        raise ValueError(f'the output file must end in .onnx, got {path}')
-    folder = osp.dirname(osp.abspath(path))
-    if not osp.isdir(folder):
-        raise FileNotFoundError(f'output folder does not exist: {folder}')
+    _check_end2end_output(path)
     cfg = config if not isinstance(config, str) else load_config(config)
     model = build_model(cfg, checkpoint)
     task = end2end_task(model)

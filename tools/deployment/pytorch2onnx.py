@@ -36,40 +36,8 @@ from polaformer_mm.engine.entry import USER_ERRORS, load_config  # noqa: E402
 # isort: on
 
 
-def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    """The command line (see the module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument(
-        'config', help='mmdet / mmseg (or, with --backbone-only, '
-        'mmpretrain) config file')
-    parser.add_argument(
-        'checkpoint',
-        nargs='?',
-        default=None,
-        help='checkpoint of the whole model (weights-only loading); without '
-        'it the initial weights are exported')
-    parser.add_argument(
-        '--shape',
-        type=int,
-        nargs=2,
-        required=True,
-        metavar=('H', 'W'),
-        help='image height and width of the export')
-    parser.add_argument(
-        '--dynamic',
-        action='store_true',
-        help='dynamic batch, height and width (checked at three sizes)')
-    part = parser.add_mutually_exclusive_group()
-    part.add_argument(
-        '--tensor-only',
-        action='store_true',
-        help='export the tensor part of the model (no post-processing; no mmdeploy needed)')
-    part.add_argument(
-        '--backbone-only',
-        action='store_true',
-        help='export the backbone (stage maps) instead of the whole model')
-    parser.add_argument(
-        '--out', default=None, help='output file (default: the config name with .onnx, here)')
+def _add_check_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of the onnxruntime check after the export: sizes, images, tolerances."""
     parser.add_argument(
         '--check-shapes',
         type=int,
@@ -114,6 +82,43 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         type=float,
         default=0.999,
         help='smallest accepted fraction of pixels of the same class')
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument(
+        'config', help='mmdet / mmseg (or, with --backbone-only, '
+        'mmpretrain) config file')
+    parser.add_argument(
+        'checkpoint',
+        nargs='?',
+        default=None,
+        help='checkpoint of the whole model (weights-only loading); without '
+        'it the initial weights are exported')
+    parser.add_argument(
+        '--shape',
+        type=int,
+        nargs=2,
+        required=True,
+        metavar=('H', 'W'),
+        help='image height and width of the export')
+    parser.add_argument(
+        '--dynamic',
+        action='store_true',
+        help='dynamic batch, height and width (checked at three sizes)')
+    part = parser.add_mutually_exclusive_group()
+    part.add_argument(
+        '--tensor-only',
+        action='store_true',
+        help='export the tensor part of the model (no post-processing; no mmdeploy needed)')
+    part.add_argument(
+        '--backbone-only',
+        action='store_true',
+        help='export the backbone (stage maps) instead of the whole model')
+    parser.add_argument(
+        '--out', default=None, help='output file (default: the config name with .onnx, here)')
+    _add_check_arguments(parser)
     args = parser.parse_args(argv)
     if args.check_shapes is not None:
         if len(args.check_shapes) % 2:
