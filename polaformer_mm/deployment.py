@@ -818,8 +818,9 @@ def export_end2end(config: Union[str, 'Config'],
     on torch 2.5+; the torch API mmdeploy's symbolics call). The graph takes the
     preprocessed image (:func:`preprocess_image`) and returns, for detectors, ``dets``
     (B, N, 5: boxes x1 y1 x2 y2 in input pixels and scores) and ``labels`` (B, N), plus
-    ``masks`` (B, N, 28, 28 mask probabilities in the box) for instance segmentation;
-    for segmentors the class map (B, 1, H, W) at the input size.
+    ``masks`` (B, N, M, M mask probabilities in the box; M the mask head's output size:
+    28 at mmdet's defaults, 14 in the quickstart) for instance segmentation; for segmentors
+    the class map (B, 1, H, W) at the input size.
 
     Args:
         config (str | Config): the model config.
@@ -933,8 +934,10 @@ def match_boxes(ref_boxes: Tensor, ref_labels: Tensor, boxes: Tensor,
     return index, ious
 
 
-def _session_outputs(session, inputs: Tensor) -> List[np.ndarray]:
-    return session.run(None, {session.get_inputs()[0].name: inputs.numpy()})
+def _session_outputs(session, inputs: Tensor, names: Sequence[str]) -> List[Tensor]:
+    """The graph's outputs of these ``names`` (in this order) for ``inputs``."""
+    outputs = session.run(list(names), {session.get_inputs()[0].name: inputs.numpy()})
+    return [torch.from_numpy(o) for o in outputs]
 
 
 def compare_end2end(export: End2EndExport,
@@ -955,8 +958,10 @@ def compare_end2end(export: End2EndExport,
                 inputs, sample = preprocess_image(model, image, shape)
                 with torch.no_grad():
                     ref = model.predict(inputs, [sample])[0].pred_sem_seg.data[0]
-                got = _session_outputs(session, inputs)[0]
-                got = torch.from_numpy(got).reshape(got.shape[-2:])
+                got = _session_outputs(session, inputs, export.output_names[:1])[0]
+                if got.dim() == 4 and got.shape[1] > 1:  # logits (with_argmax=False)
+                    got = got.argmax(1)
+                got = got.reshape(got.shape[-2:])
                 if got.shape != ref.shape:
                     raise RuntimeError(f'{export.path}: class map {tuple(got.shape)}, PyTorch '
                                        f'{tuple(ref.shape)} at input {tuple(inputs.shape)}')
@@ -972,8 +977,8 @@ def compare_end2end(export: End2EndExport,
             inputs, sample = preprocess_image(model, image, shape)
             with torch.no_grad():
                 ref = model.predict(inputs, [sample], rescale=False)[0].pred_instances
-            outputs = _session_outputs(session, inputs)
-            dets, labels = torch.from_numpy(outputs[0][0]), torch.from_numpy(outputs[1][0])
+            dets, labels = (
+                o[0] for o in _session_outputs(session, inputs, export.output_names[:2]))
             keep = dets[:, 4] > 0  # rows past the detections are zero
             dets, labels = dets[keep], labels[keep]
             index, ious = match_boxes(ref.bboxes, ref.labels, dets[:, :4], labels)
@@ -1004,7 +1009,7 @@ def time_end2end(export: End2EndExport,
                  warmup: int = 2) -> Dict[str, float]:
     """Median seconds per image of the whole model: PyTorch eager ``model.predict`` (no
     gradients; for Mask R-CNN the masks pasted into the input) and the end-to-end file in
-    onnxruntime (CPU; masks 28x28 per detection), on ``image`` resized to ``shape`` and
+    onnxruntime (CPU; masks M x M per detection), on ``image`` resized to ``shape`` and
     preprocessed (preprocessing not timed)."""
     session = _session(export.path)
     inputs, sample = preprocess_image(export.model, image, shape)
