@@ -17,6 +17,8 @@ difference is decided here, once, and the rest of the package calls these functi
   in ``torch.serialization.safe_globals``; on older torch
   :mod:`polaformer_mm.utils.checkpoint_io` reads checkpoints with its own restricted
   unpickler instead.
+* :func:`has_fused_adamw` -- ``torch.optim.AdamW(fused=True)``: CUDA on every supported
+  torch, the CPU from torch 2.4.
 * :data:`NUMPY_MULTIARRAY` -- numpy 2 moved ``numpy.core`` to ``numpy._core``.
 * :func:`triton_status` -- the fused kernels need Triton 3.0+ (``tl.dot(input_precision=)``,
   ``autotune(prune_configs_by=)`` with a pruning function of their form).
@@ -35,7 +37,8 @@ import torch
 
 __all__ = [
     'TORCH_VERSION', 'NATIVE_ALLOWLIST', 'native_safe_globals', 'NUMPY_MULTIARRAY', 'MIN_TRITON',
-    'TritonStatus', 'TORCHSCRIPT_ONNX_EXPORT', 'is_autocast_enabled', 'is_compiling',
+    'TritonStatus', 'TORCHSCRIPT_ONNX_EXPORT', 'has_fused_adamw', 'is_autocast_enabled',
+    'is_compiling',
     'in_graph_capture', 'legacy_onnx_export_api', 'triton_status', 'version_tuple'
 ]
 
@@ -117,6 +120,23 @@ def in_graph_capture() -> bool:
     return bool(torch.jit.is_tracing() or torch.jit.is_scripting()
                 or torch.onnx.is_in_onnx_export() or is_compiling()
                 or (_is_exporting is not None and _is_exporting()))
+
+
+@functools.lru_cache(maxsize=None)
+def has_fused_adamw(device_type: str) -> bool:
+    """Whether ``torch.optim.AdamW(..., fused=True)`` runs on ``device_type`` ('cpu',
+    'cuda', ...) with the installed torch: one kernel per parameter tensor instead of a
+    dozen elementwise operations (CUDA on every supported torch, the CPU from torch 2.4).
+    Decided by one step on a one-element parameter, not by the version number."""
+    if device_type == 'cuda' and not torch.cuda.is_available():
+        return False
+    try:
+        param = torch.zeros(1, device=device_type, requires_grad=True)
+        param.grad = torch.ones_like(param)
+        torch.optim.AdamW([param], lr=1e-3, fused=True).step()
+    except (RuntimeError, TypeError, ValueError):
+        return False
+    return True
 
 
 #: Keyword arguments of ``torch.onnx.export`` that select the TorchScript exporter.

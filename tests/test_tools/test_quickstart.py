@@ -96,3 +96,20 @@ def test_format_table_one_variant(quickstart):
     assert 'softmax' not in table
     assert '71.23' in table and '60.00' in table and '12.3' in table and '900' in table
     assert 'IoU circle' in table and 'Mask R-CNN' not in table
+
+
+def test_fused_optimizer_where_the_torch_has_one(quickstart):
+    from polaformer_mm.engine import entry
+    from polaformer_mm.utils.compat import has_fused_adamw
+    for task in ('det', 'seg'):
+        cfg = entry.load_config(osp.join(quickstart.REPO, quickstart.TASKS[task]['config']))
+        assert cfg.optim_wrapper.optimizer.foreach is True  # what older torch keeps
+        quickstart._fused_optimizer(cfg)
+        optimizer = cfg.optim_wrapper.optimizer
+        fused = has_fused_adamw('cuda' if torch.cuda.is_available() else 'cpu')
+        assert optimizer.get('fused', False) is fused
+        assert optimizer.get('foreach') is (None if fused else True)
+        # and AdamW takes the options as they are left
+        params = [torch.zeros(2, requires_grad=True)]
+        options = {k: v for k, v in optimizer.items() if k not in ('type', 'lr')}
+        torch.optim.AdamW(params, lr=optimizer.lr, **options)

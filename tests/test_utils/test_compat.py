@@ -64,3 +64,26 @@ def test_backend_triton_names_both_versions_with_an_unsupported_triton():
     # 'auto' (and 'torch') work: on the CPU the torch path
     out = pola_linear_attention(q, k, v, power)
     assert out.shape == q.shape and torch.isfinite(out).all()
+
+
+def test_has_fused_adamw_on_the_cpu_from_torch_2_4():
+    # the probe (one fused step) agrees with the release notes: CPU kernels came in 2.4
+    assert compat.has_fused_adamw('cpu') is (compat.TORCH_VERSION >= (2, 4))
+    assert compat.has_fused_adamw('cuda') is (torch.cuda.is_available())
+
+
+@pytest.mark.skipif(not compat.has_fused_adamw('cpu'), reason='no fused CPU AdamW in this torch')
+def test_fused_adamw_takes_the_same_steps_as_foreach():
+    torch.manual_seed(0)
+    start = [torch.randn(5, 3), torch.randn(7)]
+    runs = {}
+    for kind in ('foreach', 'fused'):
+        params = [p.clone().requires_grad_() for p in start]
+        opt = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.05, **{kind: True})
+        for step in range(3):
+            for i, p in enumerate(params):
+                p.grad = torch.full_like(p, 0.1 * (step + 1) * (i + 1)) + p.detach()
+            opt.step()
+        runs[kind] = params
+    for a, b in zip(runs['foreach'], runs['fused']):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
