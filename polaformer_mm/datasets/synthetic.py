@@ -18,8 +18,12 @@ One layout serves both tasks:
   ``metainfo=dict(classes=SYNTHETIC_CLASSES, palette=SYNTHETIC_PALETTE)`` and
   ``reduce_zero_label=True`` (ADE20K style: background becomes 255 and is ignored).
 
-Every image has 1..``max_shapes`` shapes of random class, size, position, rotation and
-colour on a textured background (smooth colour noise, stripes, gradients). Shape colours and
+Every image has 1..``max_shapes`` shapes of random class, size, position and colour on a
+textured background (smooth colour noise, stripes, gradients). The shapes are upright
+(squares axis-aligned, triangles with a corner up, their corners jittered a little): a model
+trained from random weights tells them apart within the quickstart's budget (with random
+rotations, version 3, the quickstart's Semantic FPN reached mIoU 40 after 1200 iterations,
+with upright shapes 69). Shape colours and
 background colours come from the same distribution, so colour alone does not give the class;
 each shape's colour is drawn so that it differs from what lies beneath it. Shapes may overlap:
 later shapes occlude earlier ones, an earlier shape keeps at least 60 % of its area and never
@@ -54,7 +58,7 @@ SYNTHETIC_SEG_CLASSES = ('background', ) + SYNTHETIC_CLASSES
 SYNTHETIC_SEG_PALETTE = ((0, 0, 0), ) + SYNTHETIC_PALETTE
 SYNTHETIC_DEFAULTS = dict(num_train=3000, num_val=200, img_size=(64, 64), seed=0, max_shapes=4)
 # Bump whenever the same arguments would produce different files.
-SYNTHETIC_GENERATOR_VERSION = 3
+SYNTHETIC_GENERATOR_VERSION = 4
 
 _GENERATOR = 'polaformer_mm.datasets.synthetic'
 _SPLITS = ('train', 'val')
@@ -161,19 +165,17 @@ def _shape_fill(rng, colour, center, size, full):
 
 # ----------------------------------------------------------------------------- geometry
 def _shape_outline(rng, label, diameter):
-    """Vertices (N, 2) of a shape centred at the origin; None for a circle."""
+    """Vertices (N, 2) of an upright shape centred at the origin; None for a circle."""
     if label == 0:
         return None
-    theta = rng.uniform(0, 2 * np.pi)
-    if label == 1:  # a square of the circle's area, rotated
+    if label == 1:  # an axis-aligned square of the circle's area
         half = 0.5 * np.sqrt(np.pi) / 2 * diameter
-        corners = np.array([[-1, -1], [1, -1], [1, 1], [-1, 1]], np.float64) * half
-    else:  # a roughly equilateral triangle of about the circle's area, rotated
-        radius = 0.777 * diameter * rng.uniform(0.9, 1.1, size=3)
-        angles = np.arange(3) * 2 * np.pi / 3 + rng.uniform(-0.14, 0.14, size=3)
-        corners = np.stack([radius * np.cos(angles), radius * np.sin(angles)], 1)
-    rot = np.array([[np.cos(theta), -np.sin(theta)], [np.sin(theta), np.cos(theta)]])
-    return corners @ rot.T
+        return np.array([[-1, -1], [1, -1], [1, 1], [-1, 1]], np.float64) * half
+    # a roughly equilateral triangle of about the circle's area, one corner up (image rows
+    # grow downwards), each corner's distance and angle jittered a little
+    radius = 0.777 * diameter * rng.uniform(0.9, 1.1, size=3)
+    angles = np.arange(3) * 2 * np.pi / 3 - np.pi / 2 + rng.uniform(-0.14, 0.14, size=3)
+    return np.stack([radius * np.cos(angles), radius * np.sin(angles)], 1)
 
 
 def _draw_shape(label, outline, center, diameter, height, width):
@@ -492,8 +494,9 @@ def generate_synthetic_dataset(root,
 
 def _existing_dataset(root, args):
     """The meta of a complete dataset generated under ``root`` with ``args``; None when
-    there is nothing of this generator there or its files are incomplete (regenerate);
-    FileExistsError when ``root`` holds another dataset or other files."""
+    there is nothing of this generator there, its files are incomplete or it is from an
+    older version of this generator with the same arguments (regenerate); FileExistsError
+    when ``root`` holds another dataset or other files."""
     meta_path = osp.join(root, _META)
     if osp.isfile(meta_path):
         try:
@@ -502,6 +505,14 @@ def _existing_dataset(root, args):
         except ValueError:
             meta = {}
         diffs = _mismatch(meta, args)
+        if meta.get('generator') == _GENERATOR and (meta.get('args') or {}) == args \
+                and meta.get('version') != SYNTHETIC_GENERATOR_VERSION:
+            # this generator's own output, from an older version with the same arguments:
+            # nothing in it that the same call cannot write again
+            warnings.warn(f'{root}: the synthetic dataset there is from generator version '
+                          f"{meta.get('version')!r}; writing version "
+                          f'{SYNTHETIC_GENERATOR_VERSION} in its place')
+            return None
         if diffs:
             raise FileExistsError(
                 f'{root} holds a synthetic dataset generated with different settings: '

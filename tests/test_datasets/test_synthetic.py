@@ -10,7 +10,8 @@ from pycocotools.coco import COCO
 
 import polaformer_mm  # noqa: F401  (first: lets torchvision import on CPU-only torch)
 from polaformer_mm.datasets import (SYNTHETIC_CLASSES, SYNTHETIC_PALETTE, SYNTHETIC_SEG_CLASSES,
-                                    SYNTHETIC_SEG_PALETTE, generate_synthetic_dataset)
+                                    SYNTHETIC_GENERATOR_VERSION, SYNTHETIC_SEG_PALETTE,
+                                    generate_synthetic_dataset)
 from .._tools import load_tool
 
 # pycocotools' mask.decode under numpy 2, called by annToMask and mmdet's LoadAnnotations
@@ -109,6 +110,17 @@ def test_idempotent_and_mismatch(tmp_path):
     # a missing file makes a matching dataset incomplete: regenerated
     os.remove(root / 'seg_maps' / 'val' / '000000.png')
     assert generate_synthetic_dataset(root, **dict(args, num_train=3))['generated'] is True
+    # the same arguments from an older version of this generator: written again, with
+    # a warning; another generator's meta.json is refused
+    meta_path = root / 'meta.json'
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps(dict(meta, version=SYNTHETIC_GENERATOR_VERSION - 1)))
+    with pytest.warns(UserWarning, match=f'version {SYNTHETIC_GENERATOR_VERSION - 1}; writing'):
+        assert generate_synthetic_dataset(root, **dict(args, num_train=3))['generated'] is True
+    assert json.loads(meta_path.read_text())['version'] == SYNTHETIC_GENERATOR_VERSION
+    meta_path.write_text(json.dumps(dict(meta, generator='elsewhere', version=1)))
+    with pytest.raises(FileExistsError, match="generator 'elsewhere'"):
+        generate_synthetic_dataset(root, **dict(args, num_train=3))
     # files of something else: refused unless overwrite
     foreign = tmp_path / 'foreign'
     (foreign / 'images').mkdir(parents=True)
