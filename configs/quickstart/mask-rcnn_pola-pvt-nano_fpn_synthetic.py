@@ -1,8 +1,8 @@
 # Quickstart: Mask R-CNN + Pola-PVT-nano trained from scratch on the bundled synthetic data
-# (polaformer_mm.datasets.synthetic: 3000 + 200 images of 64x64 with circles, squares and
-# triangles, rotated and partly occluding each other, on textured backgrounds; COCO JSON with
-# polygon masks). Not a paper protocol: a light Mask R-CNN (64-channel FPN, 32 sampled RoIs
-# per image, 100 proposals, anchors from 16 px) so that it runs within minutes on 2 CPU cores.
+# (polaformer_mm.datasets.synthetic: 3000 + 200 images of 64x64 with upright circles, squares
+# and triangles partly occluding each other, on textured backgrounds; COCO JSON with polygon
+# masks). Not a paper protocol: a light Mask R-CNN (64-channel FPN, 32 sampled RoIs per image,
+# 50 proposals, anchors from 16 px) so that it runs within minutes on 2 CPU cores.
 # `make quickstart` (tools/quickstart.py) generates the data, trains, evaluates with the real
 # CocoMetric and draws predictions. Delta over mmdet's Mask R-CNN R-50 FPN 1x.
 _base_ = ['mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py']
@@ -38,8 +38,9 @@ model = dict(
     # RoIAlign on a CPU (mmcv's op) is about a quarter of an iteration at mmdet's defaults:
     # one sample per bin, and 7x7 mask RoIs (14x14 mask targets, for shapes of 13-32 px)
     # instead of 14x14 (28x28) take about a quarter off each iteration and keep the metrics
-    # (4 epochs, seed 0: bbox mAP 0.543 / mAP@50 0.730, segm mAP 0.565, against 0.536 /
-    # 0.738 / 0.579 at the defaults)
+    # (measured with synthetic data of rotated shapes, generator version 3, 4 epochs, seed 0:
+    # bbox mAP 0.543 / mAP@50 0.730, segm mAP 0.565, against 0.536 / 0.738 / 0.579 at the
+    # defaults)
     roi_head=dict(
         bbox_roi_extractor=dict(
             out_channels=channels, roi_layer=dict(output_size=7, sampling_ratio=1)),
@@ -55,10 +56,13 @@ model = dict(
             norm_cfg=norm_cfg)),
     train_cfg=dict(
         rpn=dict(sampler=dict(num=128)),
-        rpn_proposal=dict(nms_pre=500, max_per_img=100),
+        # 1-4 objects per image: 200 boxes per level into the NMS and 50 proposals out of it
+        # (mmdet's 2000 / 1000, the quickstart's earlier 500 / 100); the proposal step took
+        # a quarter of the forward pass at 500 / 100
+        rpn_proposal=dict(nms_pre=200, max_per_img=50),
         # 32 RoIs per image (of which up to 8 positive) hold every object of these 1-4 shape
         # images and cost two thirds of 64's time per iteration: 4 epochs of 32 learn more
-        # than 3 of 64 in the same time (measured bbox mAP 0.54 vs 0.45)
+        # than 3 of 64 in the same time (measured as above: bbox mAP 0.54 vs 0.45)
         rcnn=dict(sampler=dict(num=32), mask_size=14)),
     test_cfg=dict(rpn=dict(nms_pre=500, max_per_img=100), rcnn=dict(max_per_img=20)))
 
@@ -101,7 +105,7 @@ test_dataloader = val_dataloader
 val_evaluator = dict(ann_file=data_root + 'annotations/instances_val.json')
 test_evaluator = val_evaluator
 
-max_epochs = 4  # 1500 iterations of 8 images
+max_epochs = 2  # 750 iterations of 8 images
 train_cfg = dict(max_epochs=max_epochs, val_interval=max_epochs)
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=100),
@@ -114,7 +118,8 @@ param_scheduler = [
         convert_to_iter_based=True),
 ]
 # foreach: AdamW's update and the gradient norm as multi-tensor operations (the same
-# arithmetic, fewer small operations per iteration)
+# arithmetic, fewer small operations per iteration); tools/quickstart.py runs AdamW fused
+# instead where the installed torch has that kernel (CUDA; the CPU from torch 2.4)
 optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',
