@@ -74,9 +74,9 @@ FLOORS = {
             ('IoU.square', 'IoU square', 50.0), ('IoU.triangle', 'IoU triangle', 50.0)),
 }
 # ... and the range the runs in docs/get_started.md ("Quickstart") spanned
-EXPECTED = ('expect on a 2-core CPU: 9-16 min in total (the two trainings bound it; machines '
-            'of one kind differ in speed by up to 2x); bbox mAP 0.50-0.55, mAP@50 0.71-0.74; '
-            'mIoU 70-75, each shape class 53-70')
+EXPECTED = ('expect on a 2-core CPU: about 5 min in total (4.7-6.0 min measured over seeds 0-2; '
+            'the two trainings bound it, and a slower machine takes longer in proportion); '
+            'bbox mAP 0.53-0.57, mAP@50 0.76-0.82; mIoU 73-77, each shape class 59-79')
 
 
 def parse_args(argv=None):
