@@ -38,8 +38,7 @@ import torch
 __all__ = [
     'TORCH_VERSION', 'NATIVE_ALLOWLIST', 'native_safe_globals', 'NUMPY_MULTIARRAY', 'MIN_TRITON',
     'TritonStatus', 'TORCHSCRIPT_ONNX_EXPORT', 'has_fused_adamw', 'is_autocast_enabled',
-    'is_compiling',
-    'in_graph_capture', 'legacy_onnx_export_api', 'triton_status', 'version_tuple'
+    'is_compiling', 'in_graph_capture', 'legacy_onnx_export_api', 'triton_status', 'version_tuple'
 ]
 
 

@@ -9,8 +9,8 @@ from mmengine.registry import DefaultScope
 from pycocotools.coco import COCO
 
 import polaformer_mm  # noqa: F401  (first: lets torchvision import on CPU-only torch)
-from polaformer_mm.datasets import (SYNTHETIC_CLASSES, SYNTHETIC_PALETTE, SYNTHETIC_SEG_CLASSES,
-                                    SYNTHETIC_GENERATOR_VERSION, SYNTHETIC_SEG_PALETTE,
+from polaformer_mm.datasets import (SYNTHETIC_CLASSES, SYNTHETIC_GENERATOR_VERSION,
+                                    SYNTHETIC_PALETTE, SYNTHETIC_SEG_CLASSES, SYNTHETIC_SEG_PALETTE,
                                     generate_synthetic_dataset)
 from .._tools import load_tool
 
