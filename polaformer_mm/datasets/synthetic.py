@@ -23,11 +23,11 @@ textured background (smooth colour noise, stripes, gradients). The shapes are up
 (squares axis-aligned, triangles with a corner up, their corners jittered a little): a model
 trained from random weights tells them apart within the quickstart's budget (with random
 rotations, version 3, the quickstart's Semantic FPN reached mIoU 40 after 1200 iterations,
-with upright shapes 69). Shape colours and
-background colours come from the same distribution, so colour alone does not give the class;
-each shape's colour is drawn so that it differs from what lies beneath it. Shapes may overlap:
-later shapes occlude earlier ones, an earlier shape keeps at least 60 % of its area and never
-gets a hole, and masks, boxes and areas describe what stays visible. Each visible mask is
+with upright shapes 69). Shape colours and background colours come from the same
+distribution, so colour alone does not give the class; each shape's colour is drawn so that
+it differs from what lies beneath it. Shapes may overlap: later shapes occlude earlier ones,
+an earlier shape keeps at least 60 % of its area and never gets a hole, and masks, boxes and
+areas describe what stays visible. Each visible mask is
 stored as pixel-edge polygons, which pycocotools (and so mmdet's ``LoadAnnotations``) decodes
 back to exactly the same pixels; the image and the semantic map are drawn from those decoded
 masks, so all annotations agree with each other and with the image to the pixel.
