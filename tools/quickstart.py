@@ -74,8 +74,9 @@ FLOORS = {
             ('IoU.square', 'IoU square', 50.0), ('IoU.triangle', 'IoU triangle', 50.0)),
 }
 # ... and the range the runs in docs/get_started.md ("Quickstart") spanned
-EXPECTED = ('expect on a 2-core CPU: about 5 min in total (4.7-6.0 min measured over seeds 0-2; '
-            'the two trainings bound it, and a slower machine takes longer in proportion); '
+EXPECTED = ('expect on a 2-core CPU: about 5 min in total (4.3-6.0 min measured in four runs, '
+            'seeds 0-2; the two trainings bound it, and a slower machine takes longer in '
+            'proportion); '
             'bbox mAP 0.53-0.57, mAP@50 0.76-0.82; mIoU 73-77, each shape class 59-79')
 
 
