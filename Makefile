@@ -10,12 +10,12 @@ STACK_REQS := requirements/runtime.txt requirements/tests.txt
 else ifeq ($(STACK),oldest)
 VENV ?= .venv-oldest
 STACK_REQS := requirements/oldest.txt
-# PyPI's torch 2.1.2 is a CUDA 12.1 build: with no GPU visible its mmcv gets CPU ops
-# (tools/build_mmcv_wheel.sh with POLA_MMCV_CPU_ONLY=1, unless that is set already)
-MMCV_BUILD_ENV := $(if $(POLA_MMCV_CPU_ONLY),,$(shell nvidia-smi -L >/dev/null 2>&1 || echo POLA_MMCV_CPU_ONLY=1))
 else
 $(error STACK must be 'pinned' (requirements/runtime.txt, tests.txt) or 'oldest' (requirements/oldest.txt), not '$(STACK)')
 endif
+# Both stacks' torch builds from PyPI are CUDA builds: with no GPU visible their mmcv gets CPU
+# ops (tools/build_mmcv_wheel.sh with POLA_MMCV_CPU_ONLY=1, unless that is set already)
+MMCV_BUILD_ENV := $(if $(POLA_MMCV_CPU_ONLY),,$(shell nvidia-smi -L >/dev/null 2>&1 || echo POLA_MMCV_CPU_ONLY=1))
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.polaformer_mm-installed
