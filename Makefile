@@ -19,12 +19,9 @@ MMCV_BUILD_ENV := $(if $(POLA_MMCV_CPU_ONLY),,$(shell nvidia-smi -L >/dev/null 2
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.polaformer_mm-installed
-HOOK := $(VENV)/.polaformer_mm-startup-hook
 PYTEST_ARGS ?=
 
 .PHONY: install test quickstart clean-venv lint format
-
-install: $(STAMP) $(PKG) $(HOOK)
 
 $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) and "the tested stack needs Python 3.11; set PYTHON=/path/to/python3.11")'
@@ -36,7 +33,7 @@ $(STAMP): $(PY) requirements/build.txt $(STACK_REQS) requirements/mim.txt requir
 	  $(PIP) install --find-links "$$wheels" --only-binary mmcv \
 	    $(addprefix -r ,$(STACK_REQS)) && \
 	  $(PIP) install --no-deps -r requirements/mim.txt -r requirements/deploy.txt
-	$(PY) -c "import polaformer_mm, mmcv.ops, mmdet.models, mmseg.models, mmpretrain.models, mim, mmdeploy.apis; print('stack ok')" \
+	$(PY) -c "import torchvision, mmcv.ops, mmdet.models, mmseg.models, mmpretrain.models, mim, mmdeploy.apis, polaformer_mm; print('stack ok')" \
 	  || { echo 'install: the stack does not import (see above)'; exit 1; }
 	echo $(STACK) > $(VENV)/.polaformer_mm-stack
 	touch $(STAMP)
@@ -51,12 +48,7 @@ $(PKG): $(STAMP) $(PKG_FILES)
 	$(PIP) install --no-build-isolation --no-deps --force-reinstall .
 	touch $(PKG)
 
-# a start-up hook in the venv: torchvision, mmdet, mmseg import in any order beside
-# polaformer_mm (polaformer_mm/utils/startup_hook.py; rewritten when that file changes)
-$(HOOK): $(PKG) polaformer_mm/utils/startup_hook.py
-	$(PY) polaformer_mm/utils/startup_hook.py
-	$(PY) -c "import mmdet.models, mmseg.apis, polaformer_mm; print('import order ok')"
-	touch $(HOOK)
+install: $(STAMP) $(PKG)
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -7,13 +7,9 @@ MODELS registry, which mmdet, mmseg and mmpretrain registries all fall back to, 
 :mod:`polaformer_mm.engine`) with its hooks in its RUNNERS and HOOKS, so that configs name
 them by ``type``.
 """
-from .utils.torchvision_compat import ensure_torchvision_importable
-
-ensure_torchvision_importable(warn=True)  # before anything imports torchvision
-
 # registers PolaRunner and its hooks in mmengine's RUNNERS / HOOKS
-from . import engine  # noqa: E402,F401
-from .models import PolaLinearAttention, PolaPVT, PolaSwin  # noqa: E402
-from .version import __version__  # noqa: E402
+from . import engine  # noqa: F401
+from .models import PolaLinearAttention, PolaPVT, PolaSwin
+from .version import __version__
 
 __all__ = ['PolaPVT', 'PolaSwin', 'PolaLinearAttention', '__version__']

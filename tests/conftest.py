@@ -2,7 +2,7 @@ import os.path as osp
 
 import pytest
 
-import polaformer_mm  # noqa: F401  (registers the models; lets torchvision import on CPU torch)
+import polaformer_mm  # noqa: F401  (registers the models)
 
 DATA_DIR = osp.join(osp.dirname(osp.abspath(__file__)), 'data')
 GOLDEN_DIR = osp.join(DATA_DIR, 'golden')

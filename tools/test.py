@@ -18,11 +18,8 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-# polaformer_mm before anything that imports torchvision: keep this order
-# isort: off
-import polaformer_mm  # noqa: E402,F401  (before torchvision; registers the runner)
+import polaformer_mm  # noqa: E402,F401  (registers the models and the runner)
 from polaformer_mm.engine import entry  # noqa: E402
-# isort: on
 
 
 def parse_args(argv=None):

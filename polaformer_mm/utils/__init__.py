@@ -1,4 +1,3 @@
-from . import torchvision_compat
-from .torchvision_compat import ensure_torchvision_importable
-
-__all__ = ['ensure_torchvision_importable', 'torchvision_compat']
+"""Utilities: the one safe checkpoint reading path (:mod:`.checkpoint_io`), the shim of the
+supported torch / numpy / Triton versions (:mod:`.compat`), and the run-time check of mmcv's
+compiled ops (:mod:`.mmcv_ops`)."""

@@ -1,6 +1,6 @@
 """Each test stack is what its requirement files pin: `make install` (the pinned stack:
-requirements/build, runtime, tests and mim) or `make install STACK=oldest` (build, oldest
-and mim) writes the stack's name into its venv, and the installed distributions are
+requirements/build, runtime, tests, mim and deploy) or `make install STACK=oldest` (build,
+oldest, mim and deploy) writes the stack's name into its venv, and the installed distributions are
 checked against that stack's files only. Outside such a venv (a user's own environment)
 there are no pins to check. openmim is installed without its declared dependencies, whose
 chain (opendatalab -> openxlab) would downgrade setuptools beneath the stack."""
@@ -12,11 +12,12 @@ from importlib import metadata
 import pytest
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-PIN = re.compile(r'^([A-Za-z0-9_.\-]+)==([^\s;#]+)')
+# 'name==version', or 'name===version' (that exact version string: no local '+cpu' build)
+PIN = re.compile(r'^([A-Za-z0-9_.\-]+)(===?)([^\s;#]+)')
 #: The requirement files of each stack, as the Makefile installs them.
 STACKS = {
-    'pinned': ('build.txt', 'runtime.txt', 'tests.txt', 'mim.txt'),
-    'oldest': ('build.txt', 'oldest.txt', 'mim.txt'),
+    'pinned': ('build.txt', 'runtime.txt', 'tests.txt', 'mim.txt', 'deploy.txt'),
+    'oldest': ('build.txt', 'oldest.txt', 'mim.txt', 'deploy.txt'),
 }
 MARKER = osp.join(sys.prefix, '.polaformer_mm-stack')
 
@@ -28,7 +29,7 @@ def _pins(stack):
             for line in f:
                 match = PIN.match(line.strip())
                 if match:
-                    pins[match.group(1)] = (match.group(2), name)
+                    pins[match.group(1)] = (match.group(3), name, match.group(2) == '===')
     return pins
 
 
@@ -74,12 +75,12 @@ def test_installed_version_is_the_pinned_one(name):
     pins = _pins(STACK)
     if name not in pins:
         pytest.skip(f'{name} is not pinned in the {STACK} stack')
-    pinned, where = pins[name]
+    pinned, where, exact = pins[name]
     try:
         installed = metadata.version(name)
     except metadata.PackageNotFoundError:
         pytest.fail(f'{name}=={pinned} (requirements/{where}) is not installed')
-    assert installed.split('+')[0] == pinned, (
+    assert (installed if exact else installed.split('+')[0]) == pinned, (
         f'{name}: installed {installed}, requirements/{where} pins {pinned}')
 
 

@@ -39,24 +39,21 @@ import sys
 import warnings
 from typing import List, Optional
 
+import cv2
+import mmcv
+import numpy as np
+import torch
+from mmengine.config import Config
+from mmengine.runner.checkpoint import _load_checkpoint_to_model
+
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
-# polaformer_mm before anything that imports torchvision: keep this order
-# isort: off
-import polaformer_mm  # noqa: E402,F401  (registers the backbones; before torchvision)
-import cv2  # noqa: E402
-import mmcv  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from mmengine.config import Config  # noqa: E402
-from mmengine.runner.checkpoint import _load_checkpoint_to_model  # noqa: E402
-from polaformer_mm.utils.checkpoint_io import load_checkpoint, require_checkpoint  # noqa: E402
-from polaformer_mm.engine.checkpoint_fit import check_checkpoint_fits  # noqa: E402
-from polaformer_mm.engine.checkpoint_fit import checkpoint_state_dict  # noqa: E402
-from polaformer_mm.engine.checkpoint_fit import describe_mismatch  # noqa: E402
+import polaformer_mm  # noqa: E402,F401  (registers the backbones)
+from polaformer_mm.engine.checkpoint_fit import (check_checkpoint_fits,  # noqa: E402
+                                                 checkpoint_state_dict, describe_mismatch)
 from polaformer_mm.engine.entry import USER_ERRORS, load_config, task_of  # noqa: E402
 from polaformer_mm.engine.model_check import check_model_channels  # noqa: E402
-# isort: on
+from polaformer_mm.utils.checkpoint_io import load_checkpoint, require_checkpoint  # noqa: E402
 
 RANDOM_WEIGHTS_WARNING = (
     'No --weights given: the model keeps its RANDOM initialisation, so the prediction '
