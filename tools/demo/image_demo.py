@@ -48,9 +48,9 @@ from mmengine.runner.checkpoint import _load_checkpoint_to_model
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
-import polaformer_mm  # noqa: E402,F401  (registers the backbones)
-from polaformer_mm.engine.checkpoint_fit import (check_checkpoint_fits,  # noqa: E402
-                                                 checkpoint_state_dict, describe_mismatch)
+import polaformer_mm  # noqa: F401  (registers the backbones)
+from polaformer_mm.engine.checkpoint_fit import (check_checkpoint_fits, checkpoint_state_dict,
+                                                 describe_mismatch)
 from polaformer_mm.engine.entry import USER_ERRORS, load_config, task_of  # noqa: E402
 from polaformer_mm.engine.model_check import check_model_channels  # noqa: E402
 from polaformer_mm.utils.checkpoint_io import load_checkpoint, require_checkpoint  # noqa: E402
