@@ -1,7 +1,7 @@
 """tools/analysis_tools/visualize_attention.py and polaformer_mm.analysis (attention sites,
-maps) on a real photograph (matplotlib's sample image): the quickstart Pola-PVT-T detector with the PVT-T baseline config, and a tiny
-windowed Pola-Swin detector with a tiny Swin baseline; the weights it draws are checked
-against what the modules computed."""
+maps) on a real photograph (matplotlib's sample image): the quickstart Pola-PVT-T detector
+with the PVT-T baseline config, and a tiny windowed Pola-Swin detector with a tiny Swin
+baseline; the weights it draws are checked against what the modules computed."""
 import json
 import math
 import os.path as osp
