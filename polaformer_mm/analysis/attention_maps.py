@@ -228,9 +228,9 @@ def _baseline_info(base: Site, site: PolaSite, queries: np.ndarray, points_input
         ])
 
 
-def _analyse_block(opts: AttentionOptions, site: PolaSite, base: Optional[Site],
-                   prepared: Prepared, points: Sequence[Tuple[float, float]],
-                   points_input: np.ndarray, random_note: str) -> Tuple[str, dict]:
+def _analyse_block(opts: AttentionOptions, site: PolaSite, base: Optional[Site], prepared: Prepared,
+                   points: Sequence[Tuple[float, float]], points_input: np.ndarray,
+                   random_note: str) -> Tuple[str, dict]:
     """Draw one Pola block's figure (with its baseline block ``base``, if any) and
     measure it; returns the figure's path and the block's numbers for the JSON."""
     # the same stage and depth; grids may differ by a token where one backbone

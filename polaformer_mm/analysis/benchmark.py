@@ -39,10 +39,10 @@ from ..models.backbones.pola_swin import PolaSwin
 from .memory import CpuMemory, CudaMemory, memory_note
 
 __all__ = [
-    'MODES', 'PRECISIONS', 'NAMED', 'BenchmarkError', 'parse_size', 'parse_value',
-    'parse_override', 'clean_backbone_cfg', 'backbone_specs', 'backbone_class',
-    'apply_overrides', 'build_backbone', 'measure', 'run_one', 'run_isolated', 'worker_main',
-    'jobs_for', 'run_all', 'baseline_of', 'compute_ratios', 'environment', 'benchmark_data'
+    'MODES', 'PRECISIONS', 'NAMED', 'BenchmarkError', 'parse_size', 'parse_value', 'parse_override',
+    'clean_backbone_cfg', 'backbone_specs', 'backbone_class', 'apply_overrides', 'build_backbone',
+    'measure', 'run_one', 'run_isolated', 'worker_main', 'jobs_for', 'run_all', 'baseline_of',
+    'compute_ratios', 'environment', 'benchmark_data'
 ]
 
 MODES = ('forward', 'train')

@@ -37,8 +37,8 @@ IN_PROCESS_CPU_NOTE = (
 def memory_note(device_type: str, isolate: str) -> str:
     """What the memory figures of measurements on ``device_type`` ('cpu' or 'cuda') mean,
     with a caution for CPU measurements that share one process (``isolate`` 'none')."""
-    return MEMORY_NOTES[device_type] + (IN_PROCESS_CPU_NOTE if device_type == 'cpu'
-                                        and isolate == 'none' else '')
+    return MEMORY_NOTES[device_type] + (
+        IN_PROCESS_CPU_NOTE if device_type == 'cpu' and isolate == 'none' else '')
 
 
 def _read_status_kib(field: str) -> Optional[int]:
