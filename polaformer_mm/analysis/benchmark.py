@@ -556,4 +556,7 @@ def benchmark_data(command: str, specs: List[dict], settings: dict, overrides: L
 
 
 if __name__ == '__main__':  # the worker of run_isolated
+    if len(sys.argv) != 2:
+        sys.exit('usage: python -m polaformer_mm.analysis.benchmark PAYLOAD (the JSON of '
+                 'run_isolated; the command line is tools/analysis_tools/benchmark_backbone.py)')
     worker_main(sys.argv[1])
