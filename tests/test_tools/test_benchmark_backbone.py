@@ -1,22 +1,23 @@
-"""tools/analysis_tools/benchmark_backbone.py: a tiny run writes the table, the JSON (its
-ratios computed from its own numbers) and the PNG; one measurement in a fresh process;
-named backbones are the repo configs' backbones; bad arguments are named errors."""
+"""tools/analysis_tools/benchmark_backbone.py and polaformer_mm.analysis.benchmark: a tiny
+run writes the table, the JSON (its ratios computed from its own numbers) and the PNG; one
+measurement in a fresh process; named backbones are the repo configs' backbones; bad
+arguments are named errors."""
 import json
 import os.path as osp
 
 import pytest
 from mmengine.config import Config
 
+from polaformer_mm.analysis import benchmark as bench
+from tests import REPO
 from .._tools import load_tool
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-
-bench = load_tool('analysis_tools/benchmark_backbone.py', '_benchmark_backbone')
+cli = load_tool('analysis_tools/benchmark_backbone.py', '_benchmark_backbone')
 
 
 def test_tiny_run_writes_table_json_png(tmp_path, capsys):
     out = tmp_path / 'out'
-    rc = bench.main([
+    rc = cli.main([
         '--backbones', 'pola-pvt-t', 'pvt-t', '--sizes', '64x64', '48x80', '--mode', 'forward',
         'train', '--repeat', '1', '--warmup', '0', '--threads', '1', '--isolate', 'none',
         '--out-dir',
@@ -91,7 +92,7 @@ def test_isolated_measurement_reports_process_memory():
 def test_named_backbones_are_the_configs_backbones(name):
     entry = bench.NAMED[name]
     cfg = Config.fromfile(osp.join(REPO, entry['config']))
-    backbone = bench._clean_backbone_cfg(cfg.model.backbone.to_dict())
+    backbone = bench.clean_backbone_cfg(cfg.model.backbone.to_dict())
     ours = dict(entry['cfg'])
     # swin-b: the only Swin-B softmax config is mmseg's UperNet; its SwinTransformer has
     # the constructor of mmdet's, which the name builds (without mmseg)
@@ -146,7 +147,7 @@ def test_overrides_apply_by_name_or_by_argument():
 ])
 def test_bad_arguments_are_named(args, message, capsys):
     with pytest.raises(SystemExit) as exc:
-        bench.main(args)
+        cli.main(args)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
 

@@ -1,7 +1,7 @@
-"""tools/analysis_tools/visualize_attention.py on a real photograph (matplotlib's sample
-image): the quickstart Pola-PVT-T detector with the PVT-T baseline config, and a tiny
-windowed Pola-Swin detector with a tiny Swin baseline; the weights it draws are checked
-against what the modules computed."""
+"""tools/analysis_tools/visualize_attention.py and polaformer_mm.analysis (attention sites,
+maps) on a real photograph (matplotlib's sample image): the quickstart Pola-PVT-T detector
+with the PVT-T baseline config, and a tiny windowed Pola-Swin detector with a tiny Swin
+baseline; the weights it draws are checked against what the modules computed."""
 import json
 import math
 import os.path as osp
@@ -13,16 +13,20 @@ import numpy as np
 import pytest
 import torch
 
+from polaformer_mm.analysis.attention_sites import (collect_pola_sites, collect_softmax_sites,
+                                                    grid_stride)
+from polaformer_mm.analysis.loading import build_model, load_weights, prepare_image
+from polaformer_mm.engine.entry import load_config
 from polaformer_mm.models.window_geometry import window_reverse
 from polaformer_mm.ops import pola_linear_attention
+from tests import REPO
 from .._tools import load_tool
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 IMAGE = osp.join(matplotlib.get_data_path(), 'sample_data', 'grace_hopper.jpg')
-PVT_CONFIG = osp.join(ROOT, 'configs', 'quickstart', 'mask-rcnn_pola-pvt-nano_fpn_synthetic.py')
-PVT_BASELINE = osp.join(ROOT, 'configs', 'pola_pvt', 'mask-rcnn_pvt-t_fpn_1x_coco.py')
-SEG_CONFIG = osp.join(ROOT, 'configs', 'quickstart', 'fpn_pola-pvt-nano_synthetic-seg.py')
-SEG_BASELINE = osp.join(ROOT, 'configs', 'pola_pvt', 'fpn_pvt-t_4xb4-80k_ade20k-512x512.py')
+PVT_CONFIG = osp.join(REPO, 'configs', 'quickstart', 'mask-rcnn_pola-pvt-nano_fpn_synthetic.py')
+PVT_BASELINE = osp.join(REPO, 'configs', 'pola_pvt', 'mask-rcnn_pvt-t_fpn_1x_coco.py')
+SEG_CONFIG = osp.join(REPO, 'configs', 'quickstart', 'fpn_pola-pvt-nano_synthetic-seg.py')
+SEG_BASELINE = osp.join(REPO, 'configs', 'pola_pvt', 'fpn_pvt-t_4xb4-80k_ade20k-512x512.py')
 
 # Pola-Swin with 'L' windows of 6 tokens: at 150 x 128 (padded to 160 x 128) stage 0 is
 # 40 x 32 tokens, stage 1 20 x 16, so both pad to whole windows and odd blocks shift.
@@ -59,7 +63,7 @@ def swin_configs(tmp_path_factory):
     for name, text in (('pola', POLA_SWIN), ('swin', SWIN)):
         paths[name] = str(folder / f'{name}_tiny.py')
         with open(paths[name], 'w') as f:
-            f.write(text.format(root=ROOT))
+            f.write(text.format(root=REPO))
     return paths
 
 
@@ -142,8 +146,8 @@ def test_quickstart_pvt_with_baseline_random_weights(tmp_path):
 def test_windowed_pola_swin_with_swin_baseline_and_checkpoint(tmp_path, swin_configs):
     """Learned exponents come from the checkpoint; windows, shifts and padding are
     reported; the baseline's entropy is there."""
-    cfg = tool.load_config(swin_configs['pola'])
-    model = tool.build_model(cfg, None, 'cpu', seed=1)
+    cfg = load_config(swin_configs['pola'])
+    model = build_model(cfg, None, 'cpu', seed=1)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith('attn.power'):
@@ -183,14 +187,14 @@ def test_windowed_weights_reproduce_the_module_outputs(swin_configs):
     out on the stage map) give the op's output at that token, so the window,
     shift and padding bookkeeping is the model's. Same for the Swin baseline's softmax
     windows, against its ``w_msa`` output."""
-    cfg = tool.load_config(swin_configs['pola'])
-    model = tool.build_model(cfg, None, 'cpu', seed=0)
+    cfg = load_config(swin_configs['pola'])
+    model = build_model(cfg, None, 'cpu', seed=0)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith(('attn.power', 'positional_encoding')):
                 param.normal_()
-    prepared = tool.prepare_image(cfg, model, IMAGE)
-    sites = tool.collect_pola_sites(model.backbone, prepared.inputs)
+    prepared = prepare_image(cfg, model, IMAGE)
+    sites = collect_pola_sites(model.backbone, prepared.inputs)
     assert [s.window for s in sites] == [(6, 0), (6, 3), (6, 0), (6, 3)]
     for site in sites:
         args, kwargs = site.call
@@ -221,8 +225,8 @@ def test_windowed_weights_reproduce_the_module_outputs(swin_configs):
             assert (maps[f'{stream}_off_map'] == 0).all()
         assert maps['keys'].sum(axis=(1, 2)).max() == ws * ws
 
-    base_cfg = tool.load_config(swin_configs['swin'])
-    base = tool.build_model(base_cfg, None, 'cpu', seed=0)
+    base_cfg = load_config(swin_configs['swin'])
+    base = build_model(base_cfg, None, 'cpu', seed=0)
     seen = {}
     for name, module in base.backbone.named_modules():
         if hasattr(module, 'w_msa') and hasattr(module, 'shift_size'):
@@ -230,7 +234,7 @@ def test_windowed_weights_reproduce_the_module_outputs(swin_configs):
             msa.register_forward_pre_hook(lambda m, a, key=name: seen.__setitem__(key + '/x', a[0]))
             msa.proj.register_forward_pre_hook(
                 lambda m, a, key=name: seen.__setitem__(key + '/out', a[0]))
-    base_sites = tool.collect_softmax_sites(base.backbone, prepared.inputs)
+    base_sites = collect_softmax_sites(base.backbone, prepared.inputs)
     assert [(s.stage, s.block) for s in base_sites] == [(i, j) for i in range(4) for j in range(2)]
     for site in base_sites[:4]:
         msa = site.module.w_msa
@@ -263,12 +267,12 @@ def test_spatial_reduction_weights_reproduce_the_baseline_output():
     (spatially reduced keys; mmdet's PVT drops the remainder of odd grids where Pola-PVT
     pads): weights times values, through the output projection, give
     nn.MultiheadAttention's output at the query token."""
-    cfg = tool.load_config(SEG_CONFIG)
-    model = tool.build_model(cfg, None, 'cpu', seed=0)
-    prepared = tool.prepare_image(cfg, model, IMAGE)
+    cfg = load_config(SEG_CONFIG)
+    model = build_model(cfg, None, 'cpu', seed=0)
+    prepared = prepare_image(cfg, model, IMAGE)
     assert tuple(prepared.inputs.shape[-2:]) == (600, 512)
-    pola_sites = tool.collect_pola_sites(model.backbone, prepared.inputs)
-    base = tool.build_model(tool.load_config(SEG_BASELINE), None, 'cpu', seed=0)
+    pola_sites = collect_pola_sites(model.backbone, prepared.inputs)
+    base = build_model(load_config(SEG_BASELINE), None, 'cpu', seed=0)
     outputs = {}
 
     def keep_first_output(key):  # the backbone's call, not the tool's later ones
@@ -281,7 +285,7 @@ def test_spatial_reduction_weights_reproduce_the_baseline_output():
     for name, module in base.backbone.named_modules():
         if isinstance(module, torch.nn.MultiheadAttention):
             module.register_forward_hook(keep_first_output(name))
-    sites = tool.collect_softmax_sites(base.backbone, prepared.inputs)
+    sites = collect_softmax_sites(base.backbone, prepared.inputs)
     # Pola-PVT-nano: one block per stage; the PVT-T baseline: two
     assert [s.stage_hw for s in pola_sites] == [(150, 128), (75, 64), (38, 32), (19, 16)]
     assert [s.stage_hw for s in sites[::2]] == [(150, 128), (75, 64), (37, 32), (18, 16)]
@@ -305,10 +309,10 @@ def test_spatial_reduction_weights_reproduce_the_baseline_output():
 
 
 def test_grid_stride():
-    assert tool.grid_stride((600, 512), (150, 128)) == 4
-    assert tool.grid_stride((600, 512), (38, 32)) == 16  # ceil
-    assert tool.grid_stride((600, 512), (37, 32)) == 16  # floor
-    assert tool.grid_stride((160, 128), (40, 32)) == 4
+    assert grid_stride((600, 512), (150, 128)) == 4
+    assert grid_stride((600, 512), (38, 32)) == 16  # ceil
+    assert grid_stride((600, 512), (37, 32)) == 16  # floor
+    assert grid_stride((160, 128), (40, 32)) == 4
 
 
 def test_bad_input_is_named(tmp_path, swin_configs):
@@ -323,11 +327,11 @@ def test_bad_input_is_named(tmp_path, swin_configs):
             str(tmp_path / 'missing.pth')
         ])
     # a checkpoint without the backbone's attention weights
-    cfg = tool.load_config(swin_configs['pola'])
-    model = tool.build_model(cfg, None, 'cpu', seed=0)
+    cfg = load_config(swin_configs['pola'])
+    model = build_model(cfg, None, 'cpu', seed=0)
     state = {k: v for k, v in model.state_dict().items() if 'attn.power' not in k}
     torch.save({'state_dict': state}, tmp_path / 'partial.pth')
     with pytest.raises(KeyError, match='attn.power'):
-        tool.load_weights(model, str(tmp_path / 'partial.pth'))
+        load_weights(model, str(tmp_path / 'partial.pth'))
     with pytest.warns(UserWarning, match='RANDOM'), pytest.raises(ValueError, match='no Pola'):
         tool.main([swin_configs['swin'], IMAGE, '--out-dir', str(tmp_path)])

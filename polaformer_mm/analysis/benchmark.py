@@ -1,0 +1,562 @@
+"""Time and peak memory of backbones side by side: the measurement behind
+``tools/analysis_tools/benchmark_backbone.py`` (docs/user_guides/analysis_tools.md).
+
+* Backbones: :data:`NAMED` (``pola-pvt-{t,s,m,l}``, ``pvt-{t,s,m,l}``, ``pola-swin-{t,s,b}``,
+  ``swin-{t,s,b}``: the backbones of the repository's configs) or the ``model.backbone`` of
+  config files, as *specs* (:func:`backbone_specs`), with constructor overrides
+  (:func:`apply_overrides`).
+* A measurement (:func:`measure`) runs ``warmup`` untimed steps, then ``repeat`` timed ones
+  and reports their median, with the peak memory of :mod:`polaformer_mm.analysis.memory`.
+  ``forward`` is an inference forward (eval mode, no autograd); ``train`` one training step of
+  the backbone alone: forward in train mode and backward of ``sum(mean(out ** 2))`` over all
+  outputs (gradients of every parameter; no optimizer step).
+* :func:`run_all` runs every (backbone, job) measurement, each in a fresh process
+  (:func:`run_isolated`: ``python -m polaformer_mm.analysis.benchmark PAYLOAD``) or in this
+  one; :func:`compute_ratios` pairs ``pola-X`` with ``X`` (for config labels: the label with
+  ``pola-`` removed). :mod:`polaformer_mm.analysis.benchmark_report` writes the table and
+  the figure.
+"""
+import ast
+import datetime
+import importlib
+import inspect
+import json
+import os
+import os.path as osp
+import platform
+import re
+import site
+import statistics
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from ..models.backbones.pola_pvt import PolaPVT
+from ..models.backbones.pola_swin import PolaSwin
+from .memory import CpuMemory, CudaMemory, memory_note
+
+__all__ = [
+    'MODES', 'PRECISIONS', 'NAMED', 'BenchmarkError', 'parse_size', 'parse_value', 'parse_override',
+    'clean_backbone_cfg', 'backbone_specs', 'backbone_class', 'apply_overrides', 'build_backbone',
+    'measure', 'run_one', 'run_isolated', 'worker_main', 'jobs_for', 'run_all', 'baseline_of',
+    'compute_ratios', 'environment', 'benchmark_data'
+]
+
+MODES = ('forward', 'train')
+PRECISIONS = {'none': None, 'fp16': torch.float16, 'bf16': torch.bfloat16}
+RESULT_PREFIX = '@@benchmark_backbone_result '
+WORKER_MODULE = 'polaformer_mm.analysis.benchmark'  # the entry point of run_isolated
+
+# the sizes of the softmax baselines are those of the Pola archs (the classes' arch_zoo)
+_PVT_ARCH = {'t': 'tiny', 's': 'small', 'm': 'medium', 'l': 'large'}
+_SWIN_ARCH = {'t': 'tiny', 's': 'small', 'b': 'base'}
+# drop path as in the repo's configs: detection 0.2 (t, s), UperNet 0.3 (b, the only
+# size with no detection config)
+_SWIN_DROP_PATH = {'t': 0.2, 's': 0.2, 'b': 0.3}
+
+
+def _swin_sizes(arch: str) -> dict:
+    """``embed_dims``, ``depths`` and ``num_heads`` of PolaSwin's ``arch``."""
+    return {
+        k: list(v) if isinstance(v, (list, tuple)) else v
+        for k, v in PolaSwin.arch_zoo[arch].items()
+    }
+
+
+def _named_backbones() -> Dict[str, dict]:
+    """name -> dict(scope, cfg, config): the registry scope to build in, the backbone
+    config, and the repo config (relative path) whose backbone it is."""
+    named = {}
+    for k, arch in _PVT_ARCH.items():
+        named[f'pola-pvt-{k}'] = dict(
+            scope=None,
+            cfg=dict(
+                type='PolaPVT',
+                arch=arch,
+                attn_types='LLLL',
+                drop_path_rate=0.1,
+                out_indices=(0, 1, 2, 3)),
+            config=f'configs/pola_pvt/mask-rcnn_pola-pvt-{k}_fpn_1x_coco.py')
+        named[f'pvt-{k}'] = dict(
+            scope='mmdet',
+            cfg=dict(
+                type='PyramidVisionTransformer', num_layers=list(PolaPVT.arch_zoo[arch]['depths'])),
+            config=f'configs/pola_pvt/mask-rcnn_pvt-{k}_fpn_1x_coco.py')
+    for k, arch in _SWIN_ARCH.items():
+        config = ('configs/pola_swin/upernet_{}swin-b_8xb2-160k_ade20k-512x512.py'
+                  if k == 'b' else 'configs/pola_swin/mask-rcnn_{}swin-%s-p4-w7_fpn_1x_coco.py' % k)
+        named[f'pola-swin-{k}'] = dict(
+            scope=None,
+            cfg=dict(
+                type='PolaSwin',
+                arch=arch,
+                attn_types='LLSS',
+                window_size=7,
+                drop_path_rate=_SWIN_DROP_PATH[k],
+                out_indices=(0, 1, 2, 3)),
+            config=config.format('pola-'))
+        named[f'swin-{k}'] = dict(
+            scope='mmdet',
+            cfg=dict(
+                type='SwinTransformer',
+                **_swin_sizes(arch),
+                window_size=7,
+                mlp_ratio=4,
+                qkv_bias=True,
+                qk_scale=None,
+                drop_rate=0.,
+                attn_drop_rate=0.,
+                drop_path_rate=_SWIN_DROP_PATH[k],
+                patch_norm=True,
+                out_indices=(0, 1, 2, 3),
+                with_cp=False),
+            config=config.format(''))
+    return named
+
+
+NAMED = _named_backbones()
+
+
+class BenchmarkError(ValueError):
+    """A bad argument or an unusable backbone (the message names it)."""
+
+
+# ------------------------------------------------------------------------ arguments
+def parse_size(text: str) -> Tuple[int, int]:
+    """'800x1333' -> (800, 1333) (height x width); '1024' -> (1024, 1024)."""
+    m = re.fullmatch(r'\s*(\d+)\s*(?:[xX*]\s*(\d+))?\s*', text)
+    if not m:
+        raise BenchmarkError(f'--sizes: {text!r} is not HEIGHTxWIDTH (e.g. 800x1333) '
+                             'or one number for a square')
+    h = int(m.group(1))
+    w = int(m.group(2)) if m.group(2) else h
+    if h < 1 or w < 1:
+        raise BenchmarkError(f'--sizes: {text!r} has a zero side')
+    return h, w
+
+
+def parse_value(text: str):
+    """A Python literal (``None``, ``56``, ``'LLSS'``), else the text itself."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def parse_override(text: str) -> Tuple[Optional[str], str, object]:
+    """'[NAME:]KEY=VALUE' -> (NAME or None, KEY, value)."""
+    target = None
+    head, sep, value = text.partition('=')
+    if not sep:
+        raise BenchmarkError(f'--backbone-cfg {text!r}: expected [NAME:]KEY=VALUE')
+    if ':' in head:
+        target, head = head.split(':', 1)
+    key = head.strip()
+    if not key.isidentifier():
+        raise BenchmarkError(f'--backbone-cfg {text!r}: {key!r} is not an argument name')
+    return target, key, parse_value(value.strip())
+
+
+def _require(cond: bool, message: str) -> None:
+    if not cond:
+        raise BenchmarkError(message)
+
+
+# ------------------------------------------------------------------------ backbones
+def clean_backbone_cfg(cfg: dict) -> dict:
+    """A copy of a config's backbone without what would load weights (``init_cfg``,
+    ``pretrained``) or merge configs (``_delete_``)."""
+    cfg = dict(cfg)
+    for key in ('init_cfg', 'pretrained', '_delete_'):
+        cfg.pop(key, None)
+    return cfg
+
+
+def backbone_specs(names: Sequence[str], configs: Sequence[str]) -> List[dict]:
+    """One spec per backbone: label, scope, cfg, imports (modules to import first)."""
+    specs = []
+    for name in names:
+        entry = NAMED[name]
+        specs.append(
+            dict(
+                label=name,
+                scope=entry['scope'],
+                cfg=dict(entry['cfg']),
+                imports=[],
+                source=f'name ({entry["config"]})'))
+    for path in configs:
+        from mmengine.config import Config
+        cfg = Config.fromfile(path)  # imports its custom_imports here
+        if 'model' not in cfg or 'backbone' not in cfg.model:
+            raise BenchmarkError(f'--config {path}: no model.backbone in the config')
+        imports = list(cfg.get('custom_imports', {}).get('imports', []))
+        specs.append(
+            dict(
+                label=osp.splitext(osp.basename(path))[0],
+                scope=cfg.get('default_scope'),
+                cfg=clean_backbone_cfg(cfg.model.backbone.to_dict()),
+                imports=imports,
+                source=path))
+    labels = [s['label'] for s in specs]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    _require(not dup, f'backbone(s) given twice: {dup}')
+    return specs
+
+
+def _registry(scope: Optional[str]):
+    # the Pola backbones are in the root registry: importing polaformer_mm registers them
+    if scope is None:
+        from mmengine.registry import MODELS
+        return MODELS
+    try:
+        return importlib.import_module(f'{scope}.registry').MODELS
+    except ImportError as e:
+        raise BenchmarkError(f'backbones of scope {scope!r} need the {scope} package, '
+                             f'which does not import here: {e}') from None
+
+
+def backbone_class(spec: dict):
+    """The class a spec builds (its type looked up in the registry of its scope)."""
+    registry = _registry(spec['scope'])
+    if spec['scope'] is not None:
+        importlib.import_module(f"{spec['scope']}.models")
+    from mmengine.registry import DefaultScope
+    with DefaultScope.overwrite_default_scope(spec['scope']):
+        cls = registry.get(spec['cfg']['type'])
+    if cls is None:
+        raise BenchmarkError(f"{spec['label']}: type {spec['cfg']['type']!r} is not "
+                             f"registered in scope {spec['scope']!r}")
+    return cls
+
+
+def _accepts(cls, key: str) -> bool:
+    params = inspect.signature(cls.__init__).parameters
+    return key in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def apply_overrides(specs: List[dict], overrides: Sequence[str]) -> List[str]:
+    """Apply ``[NAME:]KEY=VALUE`` overrides in place; returns what was applied."""
+    applied = []
+    labels = [s['label'] for s in specs]
+    for text in overrides:
+        target, key, value = parse_override(text)
+        if target is not None:
+            _require(target in labels, f'--backbone-cfg {text!r}: no backbone {target!r} '
+                     f'(backbones: {labels})')
+            chosen = [s for s in specs if s['label'] == target]
+            cls = backbone_class(chosen[0])
+            _require(
+                _accepts(cls, key), f'--backbone-cfg {text!r}: {cls.__name__} has '
+                f'no argument {key!r}')
+        else:
+            chosen = [s for s in specs if _accepts(backbone_class(s), key)]
+            _require(
+                bool(chosen), f'--backbone-cfg {text!r}: none of {labels} takes an '
+                f'argument {key!r}')
+        for spec in chosen:
+            spec['cfg'][key] = value
+            applied.append(f"{spec['label']}: {key}={value!r}")
+    return applied
+
+
+def build_backbone(spec: dict):
+    """Build a spec's backbone with its own initialisation (no pretrained weights)."""
+    for module in spec.get('imports', []):
+        importlib.import_module(module)
+    registry = _registry(spec['scope'])
+    from mmengine.registry import DefaultScope
+    with DefaultScope.overwrite_default_scope(spec['scope']):
+        model = registry.build(dict(spec['cfg']))
+    model.init_weights()
+    return model
+
+
+# ------------------------------------------------------------------------- measuring
+def _loss(outs) -> torch.Tensor:
+    if isinstance(outs, torch.Tensor):
+        outs = [outs]
+    return sum(o.float().pow(2).mean() for o in outs)
+
+
+def measure(model, mode: str, precision: str, height: int, width: int, batch: int,
+            device: torch.device, warmup: int, repeat: int) -> dict:
+    """Time ``warmup + repeat`` steps of ``model``; returns times and peak memory."""
+    dtype = PRECISIONS[precision]
+    x = torch.randn(batch, 3, height, width, device=device)
+    train = mode == 'train'
+    model.train(train)
+    memory = CudaMemory(device) if device.type == 'cuda' else CpuMemory()
+
+    def sync():
+        if device.type == 'cuda':
+            torch.cuda.synchronize(device)
+
+    def step():
+        if train:
+            model.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None), \
+                torch.set_grad_enabled(train):
+            outs = model(x)
+            loss = _loss(outs) if train else None
+        if train:
+            loss.backward()
+        del outs, loss
+
+    memory.start()
+    times = []
+    for i in range(warmup + repeat):
+        sync()
+        start = time.perf_counter()
+        step()
+        sync()
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    result = dict(
+        times_s=times, time_s=statistics.median(times), memory=memory.kind, **memory.stop())
+    model.zero_grad(set_to_none=True)
+    return result
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or 'out of memory' in str(exc).lower()
+
+
+def run_one(spec: dict, job: dict, model=None) -> dict:
+    """One measurement in this process (builds the model unless given)."""
+    device = torch.device(job['device'])
+    if job.get('threads'):
+        torch.set_num_threads(job['threads'])
+    if model is None:
+        model = build_backbone(spec).to(device)
+    result = dict(
+        status='ok',
+        params_m=sum(p.numel() for p in model.parameters()) / 1e6,
+        threads=torch.get_num_threads())
+    try:
+        result.update(
+            measure(model, job['mode'], job['precision'], job['height'], job['width'], job['batch'],
+                    device, job['warmup'], job['repeat']))
+    except Exception as e:  # noqa: BLE001  (recorded per measurement; OOM is expected)
+        result.update(
+            status='oom' if _is_oom(e) else 'error', error=f'{type(e).__name__}: {e}'[:2000])
+        model.zero_grad(set_to_none=True)
+        if device.type == 'cuda':
+            torch.cuda.empty_cache()
+    return result
+
+
+def _worker_env() -> Dict[str, str]:
+    """The environment of a worker process: this one's, and where the ``polaformer_mm``
+    imported here is not an installed one (a checkout), the folder that holds it first on
+    ``PYTHONPATH``, so that the worker imports the same package."""
+    env = dict(os.environ)
+    root = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+    installed = site.getsitepackages() + [site.getusersitepackages()]
+    if root not in {osp.abspath(p) for p in installed}:
+        env['PYTHONPATH'] = os.pathsep.join([root] + [p for p in [env.get('PYTHONPATH')] if p])
+    return env
+
+
+def run_isolated(spec: dict, job: dict, timeout: Optional[float]) -> dict:
+    """One measurement in a fresh Python process (``python -m
+    polaformer_mm.analysis.benchmark PAYLOAD``, see :func:`worker_main`)."""
+    payload = json.dumps(dict(spec=spec, job=job))
+    cmd = [sys.executable, '-m', WORKER_MODULE, payload]
+    try:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, env=_worker_env())
+    except subprocess.TimeoutExpired:
+        return dict(status='error', error=f'timed out after {timeout} s (--timeout)')
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            return json.loads(line[len(RESULT_PREFIX):])
+    if proc.returncode == -9:
+        return dict(
+            status='oom',
+            error='the measuring process was killed (SIGKILL; most '
+            'likely out of memory)')
+    tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
+    return dict(status='error', error=f'worker exited with {proc.returncode}: ' + '\n'.join(tail))
+
+
+def worker_main(payload: str) -> None:
+    """Run the measurement of a :func:`run_isolated` payload (JSON of ``spec`` and
+    ``job``) in this process; print its result (or the error) as one JSON line."""
+    data = json.loads(payload)
+    try:
+        result = run_one(data['spec'], data['job'])
+    except Exception as e:  # noqa: BLE001  (build errors go back to the parent)
+        result = dict(status='error', error=f'{type(e).__name__}: {e}'[:2000])
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+def jobs_for(settings: dict) -> List[dict]:
+    """One job per (precision, mode, size, batch) of the settings, in that order."""
+    return [
+        dict(
+            device=settings['device'],
+            mode=mode,
+            precision=precision,
+            height=h,
+            width=w,
+            batch=b,
+            warmup=settings['warmup'],
+            repeat=settings['repeat'],
+            threads=settings['threads']) for precision in settings['precisions']
+        for mode in settings['modes'] for (h, w) in settings['sizes'] for b in settings['batches']
+    ]
+
+
+def _log(line: str) -> None:
+    print(line, flush=True)
+
+
+def _row(spec: dict, job: dict, res: dict) -> dict:
+    return dict(
+        backbone=spec['label'],
+        mode=job['mode'],
+        precision=job['precision'],
+        height=job['height'],
+        width=job['width'],
+        batch=job['batch'],
+        pixels=job['height'] * job['width'],
+        **res)
+
+
+def run_all(specs: List[dict], settings: dict, log=_log) -> List[dict]:
+    """Every (backbone, job) measurement. In fresh processes the backbones take turns job
+    by job, so that the two sides of a ratio are measured close together in time (a
+    machine's load drifts); in this process each backbone is built once and runs all its
+    jobs before the next is built (on CUDA the peak memory then holds one model only)."""
+    jobs = jobs_for(settings)
+    results = []
+    if settings['isolate'] == 'process':
+        for job in jobs:
+            for spec in specs:
+                results.append(_row(spec, job, run_isolated(spec, job, settings['timeout'])))
+                log(_progress_line(results[-1]))
+    else:
+        device = torch.device(settings['device'])
+        for spec in specs:
+            model = build_backbone(spec).to(device)
+            for job in jobs:
+                results.append(_row(spec, job, run_one(spec, job, model)))
+                log(_progress_line(results[-1]))
+            del model
+            if device.type == 'cuda':
+                torch.cuda.empty_cache()
+    order = {s['label']: i for i, s in enumerate(specs)}
+    return sorted(results, key=lambda r: order[r['backbone']])  # table: backbone by backbone
+
+
+def _progress_line(r: dict) -> str:
+    head = (f"{r['backbone']} {r['mode']} {r['precision']} {r['height']}x{r['width']} "
+            f"b{r['batch']}: ")
+    if r['status'] != 'ok':
+        return head + f"{r['status'].upper()} {r.get('error', '')}".strip()
+    return head + (f"{r['time_s'] * 1e3:.1f} ms, {_mib(r['mem_delta_mib'])} MiB delta, "
+                   f"{_mib(r['mem_peak_mib'])} MiB peak")
+
+
+def _mib(v) -> str:
+    return '-' if v is None else f'{v:.0f}'
+
+
+# --------------------------------------------------------------------------- ratios
+def baseline_of(label: str, labels: Sequence[str]) -> Optional[str]:
+    """The softmax baseline paired with ``label``: 'pola-X' -> 'X'; for config labels the
+    label with 'pola-' removed (mask-rcnn_pola-pvt-t_... -> mask-rcnn_pvt-t_...)."""
+    if 'pola-' not in label:
+        return None
+    base = label.replace('pola-', '', 1)
+    return base if base in labels else None
+
+
+def compute_ratios(results: List[dict]) -> List[dict]:
+    """Pola / baseline ratios of time, memory delta and memory peak, for every job both
+    sides of a pair measured successfully."""
+    labels = list(dict.fromkeys(r['backbone'] for r in results))
+    index = {
+        (r['backbone'], r['mode'], r['precision'], r['height'], r['width'], r['batch']): r
+        for r in results
+    }
+    ratios = []
+    for label in labels:
+        base = baseline_of(label, labels)
+        if base is None:
+            continue
+        for (name, *key), r in index.items():
+            if name != label:
+                continue
+            b = index.get((base, *key))
+            if b is None or r['status'] != 'ok' or b['status'] != 'ok':
+                continue
+            mode, precision, h, w, batch = key
+            ratios.append(
+                dict(
+                    pola=label,
+                    baseline=base,
+                    mode=mode,
+                    precision=precision,
+                    height=h,
+                    width=w,
+                    batch=batch,
+                    time=r['time_s'] / b['time_s'],
+                    mem_delta=(r['mem_delta_mib']
+                               / b['mem_delta_mib'] if b['mem_delta_mib'] > 0 else None),
+                    mem_peak=r['mem_peak_mib'] / b['mem_peak_mib']))
+    return ratios
+
+
+# ---------------------------------------------------------------------------- data
+def environment(settings: dict) -> dict:
+    """The device, library versions and threads the measurements ran with."""
+    device = torch.device(settings['device'])
+    if device.type == 'cuda':
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = f'CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)'
+    from importlib import metadata
+    versions = {}
+    for key, dist in (('mmengine', 'mmengine'), ('mmcv', 'mmcv'), ('mmdet', 'mmdet'),
+                      ('mmseg', 'mmsegmentation')):
+        try:
+            versions[key] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[key] = None
+    return dict(
+        device_name=name,
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        python=platform.python_version(),
+        threads=settings['threads'] or torch.get_num_threads(),
+        **versions)
+
+
+def benchmark_data(command: str, specs: List[dict], settings: dict, overrides: List[str],
+                   results: List[dict]) -> dict:
+    """Everything a run measured, as ``benchmark_backbone.json`` holds it (with the
+    ratios; ``command`` is the command line that ran it)."""
+    return dict(
+        command=command,
+        date=datetime.datetime.now().isoformat(timespec='seconds'),
+        env=environment(settings),
+        settings=dict(settings, sizes=[list(s) for s in settings['sizes']]),
+        memory_note=memory_note(settings['device_type'], settings['isolate']),
+        backbones={
+            s['label']: dict(scope=s['scope'], cfg=s['cfg'], source=s['source'])
+            for s in specs
+        },
+        overrides=overrides,
+        results=results,
+        ratios=compute_ratios(results))
+
+
+if __name__ == '__main__':  # the worker of run_isolated
+    if len(sys.argv) != 2:
+        sys.exit('usage: python -m polaformer_mm.analysis.benchmark PAYLOAD (the JSON of '
+                 'run_isolated; the command line is tools/analysis_tools/benchmark_backbone.py)')
+    worker_main(sys.argv[1])
