@@ -39,8 +39,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 try:
     from polaformer_mm.workflows.gpu_check import STEPS, run_gpu_check
 except ImportError as e:  # torch or the stack under the package: nothing can be checked
-    print(f'gpu-check: polaformer_mm does not import ({type(e).__name__}: {e}); nothing to '
-          'check', file=sys.stderr)
+    print(f'gpu-check: polaformer_mm does not import ({e}); nothing to check', file=sys.stderr)
     sys.exit(2)
 
 

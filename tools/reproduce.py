@@ -40,8 +40,7 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from polaformer_mm.workflows.reproduce import (TASKS, GpuCountError, Planner,  # noqa: E402
-                                               list_tasks, run_jobs, select_jobs)
+from polaformer_mm.workflows import reproduce  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -50,8 +49,9 @@ def parse_args(argv=None):
         description='Train a Pola config and its softmax baseline, evaluate both and '
         'write the gain table',
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog='tasks: ' + ', '.join(f'{t} ({", ".join(d["configs"])})' for t, d in TASKS.items()))
-    p.add_argument('task', nargs='?', choices=list(TASKS), help='config family')
+        epilog='tasks: ' + ', '.join(f'{t} ({", ".join(d["configs"])})'
+                                     for t, d in reproduce.TASKS.items()))
+    p.add_argument('task', nargs='?', choices=list(reproduce.TASKS), help='config family')
     p.add_argument(
         '--arch',
         help='backbone, e.g. pvt-t or swin-s (see --list); "all" for '
@@ -83,9 +83,9 @@ def parse_args(argv=None):
             p.error('--all takes no TASK / --arch')
     elif not args.task or not args.arch:
         p.error('give TASK and --arch (or --all, or --list)')
-    elif args.arch != 'all' and args.arch not in TASKS[args.task]['configs']:
+    elif args.arch != 'all' and args.arch not in reproduce.TASKS[args.task]['configs']:
         p.error(f'--arch {args.arch}: {args.task} has '
-                f'{", ".join(TASKS[args.task]["configs"])}')
+                f'{", ".join(reproduce.TASKS[args.task]["configs"])}')
     if args.gpus is not None and args.gpus < 1:
         p.error('--gpus must be >= 1')
     for s in args.cfg_options:
@@ -98,15 +98,15 @@ def main(argv=None) -> int:
     """Run the command line; returns the exit status."""
     args = parse_args(argv)
     if args.list:
-        list_tasks()
+        reproduce.list_tasks()
         return 0
-    planner = Planner(args.work_root, args.gpus, args.cfg_options)
-    jobs = select_jobs(args.task, args.arch, args.all)
+    planner = reproduce.Planner(args.work_root, args.gpus, args.cfg_options)
+    jobs = reproduce.select_jobs(args.task, args.arch, args.all)
     try:  # every config first: a run must not stop at the second config for this
         planner.check_jobs(jobs)
-    except GpuCountError as err:
+    except reproduce.GpuCountError as err:
         sys.exit(f'reproduce.py: error: {err}')
-    return run_jobs(planner, jobs, args.dry_run)
+    return reproduce.run_jobs(planner, jobs, args.dry_run)
 
 
 if __name__ == '__main__':

@@ -20,8 +20,8 @@ from typing import Dict, List, Optional, Sequence
 
 from mmengine.config import Config
 
-from polaformer_mm.analysis.flops import (DEFAULT_SHAPES, backbone_key, describe_backbone,
-                                          measure, register_extra_flop_ops, scope_registry)
+from polaformer_mm.analysis.flops import (DEFAULT_SHAPES, backbone_key, describe_backbone, measure,
+                                          register_extra_flop_ops, scope_registry)
 from polaformer_mm.engine.entry import TEST_METRICS_FILE
 
 #: the file of a test's results that tools/test.py writes into its --work-dir

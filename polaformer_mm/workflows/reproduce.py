@@ -418,4 +418,3 @@ def _do(step: Step, dry_run: bool) -> bool:
     if step.check is not None:
         step.check()
     return True
-

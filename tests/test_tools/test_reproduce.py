@@ -152,7 +152,7 @@ def test_second_call_skips_finished_steps_and_longer_runs_resume(run, monkeypatc
 
 
 def test_dry_run_all_prints_commands_of_existing_configs(reproduce_tool, capsys, tmp_path,
-                                                        monkeypatch):
+                                                         monkeypatch):
     monkeypatch.chdir(REPO)
     assert reproduce_tool.main(['--all', '--dry-run', '--work-root', str(tmp_path)]) == 0
     out = capsys.readouterr().out
