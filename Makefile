@@ -14,7 +14,7 @@ else
 $(error STACK must be 'pinned' (requirements/runtime.txt, tests.txt) or 'oldest' (requirements/oldest.txt), not '$(STACK)')
 endif
 # Both stacks' torch builds from PyPI are CUDA builds: with no GPU visible their mmcv gets CPU
-# ops (tools/build_mmcv_wheel.sh with POLA_MMCV_CPU_ONLY=1, unless that is set already)
+# ops (.dev_scripts/build_mmcv_wheel.sh with POLA_MMCV_CPU_ONLY=1, unless that is set already)
 MMCV_BUILD_ENV := $(if $(POLA_MMCV_CPU_ONLY),,$(shell nvidia-smi -L >/dev/null 2>&1 || echo POLA_MMCV_CPU_ONLY=1))
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
@@ -29,7 +29,7 @@ $(PY):
 
 $(STAMP): $(PY) requirements/build.txt $(STACK_REQS) requirements/mim.txt requirements/deploy.txt setup.py
 	$(PIP) install -r requirements/build.txt $$(grep -hE '^(torch|numpy)==' $(STACK_REQS))
-	wheels=$$($(MMCV_BUILD_ENV) tools/build_mmcv_wheel.sh $(PY)) && \
+	wheels=$$($(MMCV_BUILD_ENV) .dev_scripts/build_mmcv_wheel.sh $(PY)) && \
 	  $(PIP) install --find-links "$$wheels" --only-binary mmcv \
 	    $(addprefix -r ,$(STACK_REQS)) && \
 	  $(PIP) install --no-deps -r requirements/mim.txt -r requirements/deploy.txt
@@ -57,7 +57,7 @@ test: install
 # setup.cfg; the same tools as .pre-commit-config.yaml. Needs only the venv and
 # requirements/lint.txt, not the stack. `make format` rewrites files in place.
 LINT_STAMP := $(VENV)/.polaformer_mm-lint
-LINT_PATHS := polaformer_mm tools tests configs setup.py
+LINT_PATHS := polaformer_mm tools .dev_scripts tests configs setup.py
 YAPF_EXCLUDE := --exclude 'polaformer_mm/.mim/**'
 $(LINT_STAMP): $(PY) requirements/lint.txt
 	$(PIP) install -r requirements/lint.txt
@@ -69,7 +69,7 @@ lint: $(LINT_STAMP)
 	$(VENV)/bin/yapf --diff --recursive $(YAPF_EXCLUDE) $(LINT_PATHS)
 	$(VENV)/bin/interrogate -c setup.cfg polaformer_mm
 	$(VENV)/bin/vermin --target=3.9- --violations --eval-annotations --no-tips \
-	  --exclude-regex '\.mim/' polaformer_mm tools tests configs setup.py
+	  --exclude-regex '\.mim/' polaformer_mm tools .dev_scripts tests configs setup.py
 	@echo 'lint ok'
 
 format: $(LINT_STAMP)

@@ -5,13 +5,13 @@ mmcv 2.1.0 is built from source. Where torch is a CUDA build, its ops must be co
 with ``nvcc``; without it the build quietly produces CPU-only ops, and a detector on a
 GPU then dies at its first RoIAlign or NMS, long after the job started. So:
 
-* ``tools/build_mmcv_wheel.sh`` asks ``tools/mmcv_build_plan.py`` how to build: CPU ops
-  for a CPU torch; CUDA ops for a CUDA torch, with ``TORCH_CUDA_ARCH_LIST`` taken from
-  the visible GPUs when it is unset; and where a CUDA torch meets no ``nvcc``, a stop
-  with :func:`missing_cuda_ops_message`, unless ``POLA_MMCV_CPU_ONLY=1`` asks for
-  CPU-only ops. That tool runs before anything is installed and loads this file by its
-  path, so this file imports nothing of the package (nor anything beyond the standard
-  library at import time).
+* ``.dev_scripts/build_mmcv_wheel.sh`` asks ``.dev_scripts/mmcv_build_plan.py`` how to
+  build: CPU ops for a CPU torch; CUDA ops for a CUDA torch, with
+  ``TORCH_CUDA_ARCH_LIST`` taken from the visible GPUs when it is unset; and where a CUDA
+  torch meets no ``nvcc``, a stop with :func:`missing_cuda_ops_message`, unless
+  ``POLA_MMCV_CPU_ONLY=1`` asks for CPU-only ops. That script runs before anything is
+  installed and loads this file by its path, so this file imports nothing of the package
+  (nor anything beyond the standard library at import time).
 * :func:`check_mmcv_cuda_ops` (called by ``PolaRunner`` once the model is on its device)
   stops a model that is on CUDA and calls mmcv ops when the installed mmcv has no CUDA
   ops, with the same message, before the first iteration.

@@ -21,10 +21,10 @@ import torch
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
 
+from polaformer_mm.analysis.flops import measure_configs
 from polaformer_mm.engine.model_check import check_model_channels
-from .._tools import load_tool
+from .. import REPO
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 CONFIG_DIR = osp.join(REPO, 'configs')
 POLA_TYPES = ('PolaPVT', 'PolaSwin')
 # someone else's folder: only the house rules (parse, imports, header, build) apply there
@@ -267,17 +267,14 @@ def test_checkpoint_names_follow_converter():
 
 @pytest.fixture
 def flop_table():
-    """get_flops.py adds counters to mmengine's default FLOP table; restore it."""
+    """polaformer_mm.analysis.flops adds counters to mmengine's default FLOP table;
+    restore it."""
     from mmengine.analysis import complexity_analysis
     table = complexity_analysis._DEFAULT_SUPPORTED_FLOP_OPS
     saved = dict(table)
     yield
     table.clear()
     table.update(saved)
-
-
-def _get_flops_tool():
-    return load_tool('analysis_tools/get_flops.py')
 
 
 @pytest.mark.parametrize('path,options', [
@@ -289,10 +286,10 @@ def _get_flops_tool():
     ('configs/pola_swin/upernet_pola-swin-t_8xb2-160k_ade20k-512x512.py', None),
 ])
 def test_get_flops_counts_the_attention(path, options, flop_table):
-    """tools/analysis_tools/get_flops.py counts every non-elementwise operator of the Pola
-    backbones, the attention products included (matmul; SDPA in 'S' PVT stages)."""
-    tool = _get_flops_tool()
-    (row, ) = tool.run([osp.join(REPO, path)], (64, 96), False, options)
+    """tools/analysis_tools/get_flops.py (polaformer_mm.analysis.flops) counts every
+    non-elementwise operator of the Pola backbones, the attention products included
+    (matmul; SDPA in 'S' PVT stages)."""
+    (row, ) = measure_configs([osp.join(REPO, path)], (64, 96), False, options)
     assert row['uncounted'] == [] and row['shape'] == '64x96'
     cfg = _load(path).copy()
     if options:

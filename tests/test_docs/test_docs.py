@@ -65,7 +65,7 @@ HEADING = re.compile(r'^(#{1,6}) +(.+?) *#* *$', re.M)
 LINK = re.compile(r'\]\((?!https?://|mailto:)([^)\s]+)\)')
 # a path into the repository's tracked folders, or one of its top-level files, as a token
 REPO_PATH = re.compile(r'(?<![\w./~-])((?:configs|tools|polaformer_mm|tests|docs|requirements|'
-                       r'\.ci)/[^\s`\'"()\[\]]*)')
+                       r'\.ci|\.dev_scripts)/[^\s`\'"()\[\]]*)')
 TOP_FILE = re.compile(r'(?<![\w./-])(setup\.py|setup\.cfg|Makefile|model-index\.yml|pytest\.ini|'
                       r'MANIFEST\.in|LICENSE|\.pre-commit-config\.yaml)(?![\w.-])')
 MODULE = re.compile(r'(?<![\w.])polaformer_mm(?:\.\w+)+')

@@ -9,11 +9,12 @@ import pickle
 
 import pytest
 
+from polaformer_mm.analysis.gain_table import make_gain_table
 from polaformer_mm.engine import entry
+from .. import REPO
 from .._smoke import smoke_cfg_options, smoke_config, synthetic_root
 from .._tools import load_tool
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 MASK_RCNN = osp.join(REPO, 'configs/pola_pvt/mask-rcnn_pola-pvt-t_fpn_1x_coco.py')
 SEG = osp.join(REPO, 'configs/pola_pvt/fpn_pola-pvt-t_4xb4-80k_ade20k-512x512.py')
 RETINANET = osp.join(REPO, 'configs/pola_pvt/retinanet_pola-pvt-t_fpn_1x_coco.py')
@@ -59,8 +60,7 @@ def test_detection_tta_through_test_tool(tmp_path):
     assert "type='DetTTAModel'" in dumped and "'flip_direction'" in dumped
 
     # the detection columns of the gain table: single-scale COCO AP x 100, no AP^m
-    gain_table = load_tool('analysis_tools/gain_table.py', 'gain_table_for_det')
-    rows = gain_table.main([str(run_dir), '--no-flops', '--out', str(tmp_path / 'table')])
+    rows = make_gain_table([str(run_dir)], out=str(tmp_path / 'table'), flops=False)
     single = _json(run_dir / 'test')['metrics']
     assert [(r['backbone'], r['row'], r['schedule'])
             for r in rows] == [('Pola-PVT-T', 'pola', '1 ep')]
@@ -70,7 +70,7 @@ def test_detection_tta_through_test_tool(tmp_path):
     assert rows[0]['flops_G'] is None and 12 < rows[0]['params_M'] < 13
     assert not osp.exists(tmp_path / 'table.png')  # no pair, no chart
     with pytest.raises(FileNotFoundError, match='test_metrics.json'):
-        gain_table.main([str(data_root)])  # no test results in there
+        make_gain_table([str(data_root)])  # no test results in there
 
 
 def _json(work_dir):

@@ -1,6 +1,6 @@
-"""tools/gpu_check.py: without a GPU it says so and exits 2; the parts that decide a
-report (environment probe, pytest counts, training configs and the loss verdict) work on
-this machine."""
+"""tools/gpu_check.py (polaformer_mm.workflows.gpu_check): without a GPU it says so and
+exits 2; the parts that decide a report (environment probe, pytest counts, training
+configs and the loss verdict) work on this machine."""
 import math
 import os.path as osp
 import subprocess
@@ -10,12 +10,10 @@ import pytest
 import torch
 from mmengine.config import Config
 
-from .._tools import load_tool
+from polaformer_mm.workflows import gpu_check
+from .. import REPO
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 TOOL = osp.join(REPO, 'tools', 'gpu_check.py')
-
-gpu_check = load_tool('gpu_check.py', '_gpu_check')
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason='this machine has a GPU')

@@ -1,5 +1,6 @@
 """tools/quickstart.py end to end on tiny data: a few iterations of each model (and of its
-softmax counterpart), the real CocoMetric / IoUMetric, the drawings and the summary."""
+softmax counterpart), the real CocoMetric / IoUMetric, the drawings and the summary; the
+parts of polaformer_mm.workflows.quickstart on their own."""
 import json
 import os.path as osp
 
@@ -7,19 +8,16 @@ import cv2
 import pytest
 import torch
 
+from polaformer_mm.workflows import quickstart
 from .._tools import load_tool
 
 # pycocotools' mask.decode under numpy 2
 pytestmark = pytest.mark.filterwarnings('ignore:__array__ implementation:DeprecationWarning')
 
 
-def _load_quickstart():
-    return load_tool('quickstart.py')
-
-
 @pytest.fixture(scope='module')
-def quickstart():
-    return _load_quickstart()
+def quickstart_tool():
+    return load_tool('quickstart.py')
 
 
 def summary_img_size(tmp_path):
@@ -31,7 +29,7 @@ def _state_dict(path):
     return torch.load(path, map_location='cpu', weights_only=True)['state_dict']
 
 
-def test_quickstart_compare_fast(quickstart, tmp_path, capsys):
+def test_quickstart_compare_fast(quickstart_tool, tmp_path, capsys):
     work_dir = tmp_path / 'wd'
     argv = [
         '--data-root',
@@ -41,7 +39,7 @@ def test_quickstart_compare_fast(quickstart, tmp_path, capsys):
         'default_hooks.logger.interval=1', '--det-options', 'train_cfg.max_epochs=1',
         '--seg-options', 'train_cfg.max_iters=2'
     ]
-    results = quickstart.main(argv)
+    results = quickstart_tool.main(argv)
     out = capsys.readouterr().out
     assert set(results) == {('det', 'pola'), ('det', 'softmax'), ('seg', 'pola'),
                             ('seg', 'softmax')}
@@ -81,7 +79,7 @@ def test_quickstart_compare_fast(quickstart, tmp_path, capsys):
     assert 'Semantic FPN: BELOW the floors: mIoU ' in out, out[-3000:]
 
 
-def test_check_floors(quickstart):
+def test_check_floors():
     good = dict(metrics={'coco/bbox_mAP': 0.45, 'coco/bbox_mAP_50': 0.7})
     seg = dict(metrics={'mIoU': 72.0, 'IoU.circle': 70.0, 'IoU.square': 49.5, 'IoU.triangle': 60})
     lines = quickstart.check_floors({('det', 'pola'): good, ('seg', 'pola'): seg})
@@ -90,7 +88,7 @@ def test_check_floors(quickstart):
                         '(see docs/get_started.md, "Quickstart")')
 
 
-def test_format_table_one_variant(quickstart):
+def test_format_table_one_variant():
     r = dict(metrics={'mIoU': 71.234, 'IoU.square': 60.0}, train_seconds=12.3, peak_rss_mib=900)
     table = quickstart.format_table({('seg', 'pola'): r}, compare=False)
     assert 'softmax' not in table
@@ -98,7 +96,7 @@ def test_format_table_one_variant(quickstart):
     assert 'IoU circle' in table and 'Mask R-CNN' not in table
 
 
-def test_fused_optimizer_where_the_torch_has_one(quickstart):
+def test_fused_optimizer_where_the_torch_has_one():
     from polaformer_mm.engine import entry
     from polaformer_mm.utils.compat import has_fused_adamw
     for task in ('det', 'seg'):

@@ -1,4 +1,5 @@
-"""tools/reproduce.py and tools/analysis_tools/gain_table.py end to end on the synthetic data.
+"""tools/reproduce.py and tools/analysis_tools/gain_table.py end to end on the synthetic data
+(polaformer_mm.workflows.reproduce, polaformer_mm.analysis.gain_table).
 
 One real run of ``reproduce.py semantic-fpn --arch pvt-t --gpus 1`` with the test-size
 override (tests/_smoke.py as ``--cfg-options``): Pola-PVT-T and PVT-T Semantic FPN each
@@ -18,22 +19,19 @@ import sys
 import pytest
 import torch
 
+from polaformer_mm.analysis import gain_table
+from polaformer_mm.workflows import reproduce
+from .. import REPO
 from .._smoke import smoke_cfg_options, synthetic_root
 from .._tools import load_tool
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 POLA = 'fpn_pola-pvt-t_4xb4-80k_ade20k-512x512'
 SOFTMAX = 'fpn_pvt-t_4xb4-80k_ade20k-512x512'
 
 
 @pytest.fixture(scope='module')
-def reproduce():
+def reproduce_tool():
     return load_tool('reproduce.py', 'reproduce_under_test')
-
-
-@pytest.fixture(scope='module')
-def gain_table():
-    return load_tool('analysis_tools/gain_table.py', 'gain_table_under_test')
 
 
 @pytest.fixture(scope='module')
@@ -120,7 +118,7 @@ def test_gain_table_rows_and_deltas_from_the_runs_own_numbers(run):
     assert matplotlib.image.imread(str(png)).shape[0] > 100
 
 
-def test_chart_draws_the_deltas(run, gain_table, tmp_path):
+def test_chart_draws_the_deltas(run, tmp_path):
     work_root = run[0]
     runs = gain_table.collect_runs([str(work_root)])
     rows = gain_table.build_rows(runs,
@@ -138,30 +136,25 @@ def test_chart_draws_the_deltas(run, gain_table, tmp_path):
     assert not osp.exists(tmp_path / 'none.png')
 
 
-def test_second_call_skips_finished_steps_and_longer_runs_resume(run, reproduce, monkeypatch):
+def test_second_call_skips_finished_steps_and_longer_runs_resume(run, monkeypatch):
     work_root, _, options = run
     monkeypatch.chdir(work_root.parent)
-    args = reproduce.parse_args([
-        'semantic-fpn', '--arch', 'pvt-t', '--gpus', '1', '--work-root',
-        str(work_root), '--cfg-options', *options
-    ])
-    planner = reproduce.Planner(args, reproduce._parse_options(options), options)
+    planner = reproduce.Planner(str(work_root), 1, options)
     steps = planner.plan('semantic-fpn', 'pvt-t')
     assert [s.argv for s in steps] == [None] * 6, [s.note for s in steps]
     # the same runs made 2 iterations long: both resume from iter_1 and are tested again
     longer = [o.replace('train_cfg.max_iters=1', 'train_cfg.max_iters=2') for o in options]
-    args.cfg_options = longer
-    steps = reproduce.Planner(args, reproduce._parse_options(longer),
-                              longer).plan('semantic-fpn', 'pvt-t')
+    steps = reproduce.Planner(str(work_root), 1, longer).plan('semantic-fpn', 'pvt-t')
     trains = [s.argv for s in steps if s.argv and 'train.py' in s.argv[1]]
     assert len(trains) == 2 and all('--resume' in a for a in trains)
     tests = [s.argv for s in steps if s.argv and 'test.py' in s.argv[1]]
     assert len(tests) == 4 and all(a[3].endswith('iter_2.pth') for a in tests)
 
 
-def test_dry_run_all_prints_commands_of_existing_configs(reproduce, capsys, tmp_path, monkeypatch):
+def test_dry_run_all_prints_commands_of_existing_configs(reproduce_tool, capsys, tmp_path,
+                                                         monkeypatch):
     monkeypatch.chdir(REPO)
-    assert reproduce.main(['--all', '--dry-run', '--work-root', str(tmp_path)]) == 0
+    assert reproduce_tool.main(['--all', '--dry-run', '--work-root', str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert not os.listdir(tmp_path), 'a dry run wrote something'
     configs = set()
@@ -189,18 +182,15 @@ def test_dry_run_all_prints_commands_of_existing_configs(reproduce, capsys, tmp_
     assert 'retinanet_pvt-l_fpn_1x_coco/test_tta' not in out  # detection: single scale
 
 
-def test_list_gpu_count_and_missing_weights(reproduce, capsys, tmp_path, monkeypatch):
-    assert reproduce.main(['--list']) == 0
+def test_list_gpu_count_and_missing_weights(reproduce_tool, capsys, tmp_path, monkeypatch):
+    assert reproduce_tool.main(['--list']) == 0
     out = capsys.readouterr().out
     assert 'mask-rcnn_pola-pvt-t_fpn_1x_coco.py  vs  mask-rcnn_pvt-t_fpn_1x_coco.py  ' \
         '[8 GPUs x 2 images (batch 16), 1x (12 ep)]' in out
     assert '[4 GPUs x 4 images (batch 16), 80k it]' in out
     assert '[8 GPUs x 2 images (batch 16), 160k it]' in out
     assert '3x (36 ep)' in out
-    args = reproduce.parse_args(
-        ['upernet', '--arch', 'swin-t', '--gpus', '2', '--work-root',
-         str(tmp_path)])
-    steps = reproduce.Planner(args, {}, []).plan('upernet', 'swin-t')
+    steps = reproduce.Planner(str(tmp_path), 2).plan('upernet', 'swin-t')
     train = steps[0].argv
     assert train[1].endswith('dist_train.sh') and train[3] == '2'
     assert train[-2:] == ['--cfg-options', 'train_dataloader.batch_size=8']
@@ -211,10 +201,9 @@ def test_list_gpu_count_and_missing_weights(reproduce, capsys, tmp_path, monkeyp
     assert not reproduce._do(steps[0], dry_run=False)
     assert 'checkpoints/pola_swin_t_mm.pth not found' in capsys.readouterr().err
     assert not os.listdir(tmp_path)
-    args = reproduce.parse_args(['upernet', '--arch', 'swin-t', '--gpus', '3'])
     with pytest.raises(
             reproduce.GpuCountError,
             match=r'does not split evenly over 3 GPUs; --gpus takes a divisor of 16'):
-        reproduce.Planner(args, {}, []).plan('upernet', 'swin-t')
+        reproduce.Planner('work_dirs', 3).plan('upernet', 'swin-t')
     with pytest.raises(SystemExit):
-        reproduce.parse_args(['upernet', '--arch', 'pvt-t'])
+        reproduce_tool.parse_args(['upernet', '--arch', 'pvt-t'])

@@ -24,248 +24,25 @@ linear upsampling (Pola values stretched when keys are spatially reduced), and
 prints any other non-elementwise operator the trace met but could not count.
 
 Backbones with the same settings at the same size are measured once. Pretrained
-weights are never loaded. Examples:
+weights are never loaded. The counting is ``polaformer_mm.analysis.flops``'s. Examples:
 
     python tools/analysis_tools/get_flops.py configs/pola_pvt/mask-rcnn_*_fpn_1x_coco.py
     python tools/analysis_tools/get_flops.py CONFIG --shape 800 1280 --threads 1
 """
 import argparse
-import importlib
-import json
-import logging
 import os.path as osp
 import sys
-from typing import Dict, List, Optional, Tuple
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
-# polaformer_mm before anything that imports torchvision: keep this order
-# isort: off
-import polaformer_mm  # noqa: E402,F401  (registers the Pola backbones; before torchvision)
 import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-from mmengine.analysis import get_model_complexity_info  # noqa: E402
-from mmengine.analysis import complexity_analysis  # noqa: E402
-from mmengine.analysis.jit_handles import bmm_flop_jit, get_shape  # noqa: E402
-from mmengine.analysis.jit_handles import elementwise_flop_counter  # noqa: E402
-from mmengine.config import Config, DictAction  # noqa: E402
-from mmengine.logging import MMLogger  # noqa: E402
-from mmengine.registry import DefaultScope  # noqa: E402
-# isort: on
+from mmengine.config import DictAction  # noqa: E402
 
-DEFAULT_SHAPES = {'mmdet': (800, 1333), 'mmseg': (512, 512), 'mmpretrain': (224, 224)}
-
-# Not counted by convention (elementwise, reductions, data movement). Any other operator
-# the trace meets without a counter is reported under the table.
-ELEMENTWISE_OPS = {
-    'aten::' + name
-    for name in ('abs add add_ div div_ exp gelu mean mul mul_ neg pow reciprocal rsub '
-                 'sigmoid silu softmax softplus sqrt sub sum where fill_ ne __or__ '
-                 '__and__ lt le bitwise_or im2col col2im pad unflatten clone '
-                 'log_softmax tanh hardtanh erf lift_fresh any all argmax '
-                 'feature_dropout max_pool2d avg_pool2d sort topk repeat index_select '
-                 'masked_fill masked_fill_ log clamp_min sign relu max remainder arange '
-                 'minimum gt ge eq floor_divide').split()
-}
-
-
-def sdpa_flop_jit(inputs, outputs):
-    """q (..., N, d) k (..., n, d) v (..., n, dv): N*n*d for q k^T, N*n*dv for the
-    weighted sum (multiply-adds), times the batch dims."""
-    q, k, v = (get_shape(x) for x in inputs[:3])
-    batch = 1
-    for size in q[:-2]:
-        batch *= size
-    return batch * q[-2] * k[-2] * (q[-1] + v[-1])
-
-
-def baddbmm_flop_jit(inputs, outputs):
-    # baddbmm(input, batch1, batch2, beta, alpha): the product is batch1 @ batch2
-    return bmm_flop_jit(inputs[1:3], outputs)
-
-
-def pola_attention_flop_jit(inputs, outputs):
-    """polaformer_mm's attention op (an autograd Function, traced as one PythonOp):
-    q (B, h, N, d), k (B, h, n, d). Its two products, as multiply-adds: the key summary
-    [k+, k-]^T v (2d x n times n x d) and [q+, q-] (N x 2d) times the (2d x (d + 2))
-    summary."""
-    q, k = get_shape(inputs[0]), get_shape(inputs[1])
-    *batch, N, d = q
-    n = k[-2]
-    count = 1
-    for size in batch:
-        count *= size
-    return count * (2 * d * n * d + N * 2 * d * (d + 2))
-
-
-def resize_flop_counter(per_element: int):
-    """mmengine's per-output-element counter of a resize, 0 when the resize keeps the
-    size (a trace records the resizes of positional encodings also where the grids
-    agree: an identity then, which eager code skips)."""
-    count = elementwise_flop_counter(0, per_element)
-
-    def handle(inputs, outputs):
-        if get_shape(inputs[0])[2:] == get_shape(outputs[0])[2:]:
-            return 0
-        return count(inputs, outputs)
-
-    return handle
-
-
-#: Counters that replace mmengine's own.
-OVERRIDDEN_FLOP_OPS = {'aten::upsample_bilinear2d': resize_flop_counter(4)}
-
-EXTRA_FLOP_OPS = {
-    'prim::PythonOp._PolaAttentionFunction': pola_attention_flop_jit,
-    'aten::scaled_dot_product_attention': sdpa_flop_jit,
-    'aten::baddbmm': baddbmm_flop_jit,
-    'aten::upsample_bicubic2d': resize_flop_counter(16),
-    # values stretched to the query length for the local conv when keys are reduced
-    'aten::upsample_linear1d': elementwise_flop_counter(0, 2),
-}
-
-
-def register_extra_flop_ops() -> None:
-    """Add our counters to the table every mmengine FlopAnalyzer starts from (which
-    get_model_complexity_info builds internally); existing entries are kept, but for
-    those of ``OVERRIDDEN_FLOP_OPS``."""
-    table = complexity_analysis._DEFAULT_SUPPORTED_FLOP_OPS
-    for name, handle in EXTRA_FLOP_OPS.items():
-        table.setdefault(name, handle)
-    table.update(OVERRIDDEN_FLOP_OPS)
-
-
-class _UnsupportedOps(logging.Handler):
-    """Collects the 'Unsupported operator X encountered N time(s)' log records."""
-
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.ops = set()
-
-    def emit(self, record):
-        msg = record.getMessage()
-        if msg.startswith('Unsupported operator '):
-            self.ops.add(msg.split()[2])
-
-
-class _TensorForward(nn.Module):
-    """Wraps the part of a model that is measured so that forward(image) runs it."""
-
-    def __init__(self, model: nn.Module, scope: str, whole: bool):
-        super().__init__()
-        self.model = model
-        self.scope = scope
-        self.whole = whole
-
-    def forward(self, x):
-        if not self.whole:
-            return self.model(x)
-        if self.scope == 'mmdet':
-            return self.model.extract_feat(x)
-        return self.model(x, mode='tensor')
-
-
-def _scope_registry(scope: str):
-    return importlib.import_module(f'{scope}.registry').MODELS
-
-
-def _backbone_key(cfg: Config, whole: bool) -> str:
-    part = cfg.model.to_dict() if whole else cfg.model.backbone.to_dict()
-    part.pop('init_cfg', None)
-    part.pop('pretrained', None)
-    return json.dumps(part, sort_keys=True, default=repr)
-
-
-def _describe(cfg: Config) -> str:
-    backbone = cfg.model.backbone
-    kind = str(backbone.type).split('.')[-1]
-    if 'arch' in backbone:
-        return f"{kind} {backbone.arch}"
-    for key in ('num_layers', 'depths'):
-        if key in backbone:
-            width = f" C={backbone.embed_dims}" if 'embed_dims' in backbone else ''
-            return f'{kind}{width} {list(backbone[key])}'
-    return kind
-
-
-def measure(cfg: Config, shape: Tuple[int, int], whole: bool) -> dict:
-    scope = cfg.get('default_scope')
-    if scope not in DEFAULT_SHAPES:
-        raise ValueError(f'default_scope {scope!r} is not one of {list(DEFAULT_SHAPES)}')
-    registry = _scope_registry(scope)
-    with DefaultScope.overwrite_default_scope(scope):
-        model = registry.build(cfg.model if whole else cfg.model.backbone)
-    model.eval()  # some backbones' train() returns None: do not chain
-    wrapped = _TensorForward(model, scope, whole).eval()
-    # parameters of the measured part (mmdet whole model: backbone + neck)
-    counted = ([model.backbone, model.neck]
-               if whole and scope == 'mmdet' and model.with_neck else [model])
-    params = sum(p.numel() for m in counted for p in m.parameters())
-
-    # the analyzers log every unsupported operator (elementwise ones included) and
-    # uncalled module: collect the former instead of printing them
-    logger = MMLogger.get_current_instance()
-    catcher = _UnsupportedOps()
-    handlers, logger.handlers = logger.handlers, [catcher]
-    try:
-        with torch.no_grad():
-            info = get_model_complexity_info(
-                wrapped, inputs=(torch.randn(1, 3, *shape), ), show_table=False, show_arch=False)
-    finally:
-        logger.handlers = handlers
-    table = complexity_analysis._DEFAULT_SUPPORTED_FLOP_OPS
-    uncounted = sorted(op for op in catcher.ops if op not in table and op not in ELEMENTWISE_OPS)
-    return dict(params=params, flops=info['flops'], uncounted=uncounted)
-
-
-def _fmt_shape(shape):
-    return f'{shape[0]}x{shape[1]}'
-
-
-def run(configs: List[str],
-        shape: Optional[Tuple[int, int]],
-        whole: bool,
-        cfg_options: Optional[dict] = None) -> List[dict]:
-    register_extra_flop_ops()
-    rows, cache = [], {}
-    for path in configs:
-        cfg = Config.fromfile(path)  # imports the config's custom_imports
-        if cfg_options:
-            cfg.merge_from_dict(cfg_options)
-        scope = cfg.get('default_scope')
-        size = shape or DEFAULT_SHAPES.get(scope)
-        key = (scope, _backbone_key(cfg, whole), tuple(size or ()))
-        if key not in cache:
-            cache[key] = measure(cfg, tuple(size), whole)
-        part = ('backbone' if not whole else {'mmdet': 'backbone+neck'}.get(scope, 'model'))
-        rows.append(
-            dict(
-                config=path,
-                backbone=_describe(cfg),
-                part=part,
-                shape=_fmt_shape(size),
-                **cache[key]))
-    return rows
-
-
-def format_table(rows: List[dict]) -> str:
-    lines = [
-        '| config | backbone | measured | input (HxW) | params (M) | FLOPs (G) |',
-        '|---|---|---|---|---:|---:|'
-    ]
-    for r in rows:
-        lines.append(f"| {r['config']} | {r['backbone']} | {r['part']} | {r['shape']} | "
-                     f"{r['params'] / 1e6:.2f} | {r['flops'] / 1e9:.2f} |")
-    notes: Dict[str, List[str]] = {}
-    for r in rows:
-        for op in r['uncounted']:
-            notes.setdefault(op, []).append(r['config'])
-    for op, paths in notes.items():
-        lines.append(f'\nnot counted: {op} (in {len(paths)} config(s), e.g. {paths[0]})')
-    return '\n'.join(lines)
+from polaformer_mm.analysis.flops import format_table, measure_configs  # noqa: E402
 
 
 def parse_args(argv=None):
+    """The command line (see the module docstring)."""
     p = argparse.ArgumentParser(
         description='Parameters and FLOPs of the backbone (or model) of configs')
     p.add_argument('configs', nargs='+', metavar='CONFIG', help='config file(s)')
@@ -306,10 +83,11 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
+    """Measure the configs and print the table."""
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    rows = run(args.configs, args.shape, args.whole_model, args.cfg_options)
+    rows = measure_configs(args.configs, args.shape, args.whole_model, args.cfg_options)
     print(format_table(rows))
 
 

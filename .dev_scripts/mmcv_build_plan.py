@@ -1,7 +1,9 @@
 #!/usr/bin/env python
-"""How to build mmcv's compiled ops for the torch at hand, for tools/build_mmcv_wheel.sh.
+"""How to build mmcv's compiled ops for the torch at hand, for
+.dev_scripts/build_mmcv_wheel.sh (``make install`` runs it; a maintainer's script, not a
+user tool).
 
-    python tools/mmcv_build_plan.py
+    python .dev_scripts/mmcv_build_plan.py
 
 prints ``KEY FORCE_CUDA ARCH_LIST HIDE_GPUS`` (KEY: the wheel-cache key, made of the torch
 version, the Python version and :attr:`MmcvBuildPlan.tag`; ``-`` for no arch list) and a
@@ -192,12 +194,13 @@ def probe_build_environment() -> Dict[str, object]:
 
 
 def main(argv: Sequence[str] = ()) -> int:
-    """``python tools/mmcv_build_plan.py``: print 'KEY FORCE_CUDA ARCH_LIST HIDE_GPUS' for
-    tools/build_mmcv_wheel.sh (KEY: the wheel-cache key, torch version, Python and
-    :attr:`MmcvBuildPlan.tag`; '-' for no arch list), the note to stderr; exit 1 with the
-    message on stderr where mmcv cannot be built as this torch needs."""
+    """``python .dev_scripts/mmcv_build_plan.py``: print 'KEY FORCE_CUDA ARCH_LIST
+    HIDE_GPUS' for .dev_scripts/build_mmcv_wheel.sh (KEY: the wheel-cache key, torch
+    version, Python and :attr:`MmcvBuildPlan.tag`; '-' for no arch list), the note to
+    stderr; exit 1 with the message on stderr where mmcv cannot be built as this torch
+    needs."""
     if argv:  # no options
-        print('usage: python tools/mmcv_build_plan.py', file=sys.stderr)
+        print('usage: python .dev_scripts/mmcv_build_plan.py', file=sys.stderr)
         return 2
     info = probe_build_environment()
     try:

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Time the dataset check on a COCO-train2017-sized annotation file.
 
-    python tools/misc/benchmark_dataset_check.py [--images 118287] [--annotations 860001]
-                                                 [--repeat 3] [--dir DIR]
+    python .dev_scripts/benchmark_dataset_check.py [--images 118287] [--annotations 860001]
+                                                   [--repeat 3] [--dir DIR]
 
 Writes (once, into DIR, default a temporary folder) a COCO instances file with the given
 numbers of images and polygon annotations (8-40 points each, like COCO's; about 470 MB at
@@ -21,14 +21,11 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-# polaformer_mm before anything that imports torchvision: keep this order
-# isort: off
-import polaformer_mm  # noqa: E402,F401  (before torchvision)
 from mmengine.config import Config  # noqa: E402
+
 from polaformer_mm.engine.dataset_check import check_datasets, format_reports  # noqa: E402
-# isort: on
 
 
 def write_coco(root: str, num_images: int, num_anns: int, seed: int = 0) -> str:

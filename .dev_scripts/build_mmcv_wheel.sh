@@ -2,14 +2,14 @@
 # Build mmcv (with its compiled ops) once per (mmcv, torch, Python, CUDA version and GPU
 # archs) and keep the wheel in a cache outside the repository. Prints the folder holding
 # the wheel; build logs go to stderr.
-#   usage: tools/build_mmcv_wheel.sh PYTHON
+#   usage: .dev_scripts/build_mmcv_wheel.sh PYTHON
 # POLA_WHEEL_CACHE overrides the cache root (default: ${XDG_CACHE_HOME:-~/.cache}/polaformer_mm/wheels).
 set -euo pipefail
 PY=${1:?usage: build_mmcv_wheel.sh PYTHON}
 MMCV_VERSION=${MMCV_VERSION:-2.1.0}
 CACHE_ROOT=${POLA_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/polaformer_mm/wheels}
 
-# How to build the ops (tools/mmcv_build_plan.py decides; it imports nothing of the
+# How to build the ops (.dev_scripts/mmcv_build_plan.py decides; it imports nothing of the
 # package, which is not installed yet): CPU ops for a CPU torch; for a CUDA torch, CUDA ops for TORCH_CUDA_ARCH_LIST
 # (default: the visible GPUs), and a stop with the fix when there is no nvcc, unless
 # POLA_MMCV_CPU_ONLY=1 asks for CPU-only ops.
