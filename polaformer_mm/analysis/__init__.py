@@ -17,4 +17,8 @@ matplotlib, mmdet or a model registry as they need):
   :mod:`~polaformer_mm.analysis.benchmark_report`: time and peak memory of backbones side
   by side, each measurement optionally in a fresh process
   (``tools/analysis_tools/benchmark_backbone.py``).
+* :mod:`~polaformer_mm.analysis.flops`: parameters and FLOPs of configs, the attention op
+  counted (``tools/analysis_tools/get_flops.py``).
+* :mod:`~polaformer_mm.analysis.gain_table`: each Pola run beside its softmax baseline, from
+  the test metrics of work dirs (``tools/analysis_tools/gain_table.py``).
 """
