@@ -19,9 +19,9 @@ from mmengine.config import Config
 from polaformer_mm import deployment
 from polaformer_mm.engine.entry import load_config
 from polaformer_mm.utils.compat import TORCHSCRIPT_ONNX_EXPORT, legacy_onnx_export_api
+from tests import REPO
 from .._tools import load_tool
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 QUICKSTART = osp.join(REPO, 'configs', 'quickstart')
 MASK_RCNN = osp.join(QUICKSTART, 'mask-rcnn_pola-pvt-nano_fpn_synthetic.py')
 SEM_FPN = osp.join(QUICKSTART, 'fpn_pola-pvt-nano_synthetic-seg.py')
