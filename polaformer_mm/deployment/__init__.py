@@ -26,9 +26,8 @@ serves any input size. The graphs use the operators of opset 11 (mmdeploy's defa
 Importing the package imports neither mmdeploy nor mmdet / mmseg: the end-to-end export
 imports mmdeploy and registers the rewrites when it runs.
 """
-from .checks import (BoxAgreement, Difference, MapAgreement, compare_end2end,
-                     compare_onnxruntime, match_boxes, median_seconds, other_shapes, time_end2end,
-                     time_runs)
+from .checks import (BoxAgreement, Difference, MapAgreement, compare_end2end, compare_onnxruntime,
+                     match_boxes, median_seconds, other_shapes, time_end2end, time_runs)
 from .end2end import (DEPLOY_CONFIGS, MMDEPLOY_INSTALL, MMDEPLOY_VERSION, DeployConfigError,
                       End2EndExport, deploy_config_file, end2end_task, export_end2end,
                       folder_images, load_deploy_config, mmdeploy_missing, preprocess_image,

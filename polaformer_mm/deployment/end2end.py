@@ -320,4 +320,3 @@ def export_end2end(config: Union[str, 'Config'],
             keep_initializers_as_inputs=onnx_cfg.get('keep_initializers_as_inputs', False),
             optimize=False)
     return End2EndExport(path, model, deploy, task, tuple(onnx_cfg['output_names']), dynamic)
-

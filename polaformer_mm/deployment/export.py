@@ -148,7 +148,7 @@ def build_model(config: Union[str, 'Config'], checkpoint: Optional[str] = None) 
     from mmengine.runner.checkpoint import _load_checkpoint_to_model
 
     from ..engine.checkpoint_fit import (CheckpointMismatchError, checkpoint_state_dict,
-                                        describe_mismatch)
+                                         describe_mismatch)
     from ..engine.entry import load_config, task_of
     from ..utils.checkpoint_io import load_checkpoint
 
@@ -256,4 +256,3 @@ def check_onnx(path: str) -> List[str]:
     onnx.checker.check_model(path, full_check=True)
     graph = onnx.load(path, load_external_data=False).graph
     return sorted({node.op_type for node in graph.node})
-

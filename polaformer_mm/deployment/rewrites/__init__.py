@@ -21,8 +21,7 @@ REWRITES = (
     ('torch.nn.functional.adaptive_avg_pool2d', adaptive_avg_pool2d__onnxruntime),
     ('mmdet.models.dense_heads.rpn_head.RPNHead.predict_by_feat', rpn_predict_by_feat),
     ('mmdet.models.dense_heads.retina_head.RetinaHead.predict_by_feat', dense_predict_by_feat),
-    ('mmdet.models.roi_heads.bbox_heads.bbox_head.BBoxHead.predict_by_feat',
-     bbox_predict_by_feat),
+    ('mmdet.models.roi_heads.bbox_heads.bbox_head.BBoxHead.predict_by_feat', bbox_predict_by_feat),
 )
 
 _MMDEPLOY_REWRITES = []

@@ -30,7 +30,6 @@ def adaptive_avg_pool2d_matmul(x: Tensor, output_size) -> Tensor:
     return _pool_matrix(H, out_h, x) @ x @ _pool_matrix(W, out_w, x).transpose(0, 1)
 
 
-
 def adaptive_avg_pool2d__onnxruntime(input, output_size):
     """Adaptive average pooling, exact at every input size of the graph: the rewrite of
     ``F.adaptive_avg_pool2d`` for onnxruntime (:func:`adaptive_avg_pool2d_matmul`; global

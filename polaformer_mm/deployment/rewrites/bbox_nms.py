@@ -6,8 +6,8 @@ from torch import Tensor
 __all__ = ['nms_within']
 
 
-def nms_within(boxes: Tensor, scores: Tensor, groups: Tensor, num_groups: int,
-               iou_threshold: float, score_threshold: float, keep: int):
+def nms_within(boxes: Tensor, scores: Tensor, groups: Tensor, num_groups: int, iou_threshold: float,
+               score_threshold: float, keep: int):
     """mmdet's ``batched_nms`` in a graph: NMS of ``boxes`` (B, N, 4) with ``scores``
     (B, N) within each group (``groups``: (N, ) or (B, N) ids below ``num_groups``),
     scores above ``score_threshold`` only, then the ``keep`` best. Each score goes into

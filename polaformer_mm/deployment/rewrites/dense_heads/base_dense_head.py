@@ -71,5 +71,5 @@ def dense_predict_by_feat(self,
         scores.append(score)
         labels.append(index - anchor * classes)
     boxes, scores = torch.cat(boxes, 1), torch.cat(scores, 1)
-    return nms_within(boxes, drop_small(boxes, scores, cfg), torch.cat(labels, 1),
-                      self.num_classes, cfg.nms.iou_threshold, score_thr, cfg.max_per_img)
+    return nms_within(boxes, drop_small(boxes, scores, cfg), torch.cat(labels, 1), self.num_classes,
+                      cfg.nms.iou_threshold, score_thr, cfg.max_per_img)
