@@ -8,6 +8,8 @@ matching, the deploy config checks.
 The mmdeploy tests skip, saying so, where mmdeploy is not installed
 (``pip install --no-deps -r requirements/deploy.txt``)."""
 import os.path as osp
+import subprocess
+import sys
 
 import numpy as np
 import onnxruntime as ort
@@ -19,9 +21,9 @@ from mmengine.config import Config
 from polaformer_mm import deployment
 from polaformer_mm.engine.entry import load_config
 from polaformer_mm.utils.compat import TORCHSCRIPT_ONNX_EXPORT, legacy_onnx_export_api
+from tests import REPO
 from .._tools import load_tool
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 QUICKSTART = osp.join(REPO, 'configs', 'quickstart')
 MASK_RCNN = osp.join(QUICKSTART, 'mask-rcnn_pola-pvt-nano_fpn_synthetic.py')
 SEM_FPN = osp.join(QUICKSTART, 'fpn_pola-pvt-nano_synthetic-seg.py')
@@ -42,6 +44,19 @@ def _one_thread():
 
 def _tool(name):
     return load_tool(f'deployment/{name}.py')
+
+
+def test_package_import_leaves_mmdeploy_unimported():
+    """Importing the package, its rewrites included, imports no mmdeploy: the export
+    registers the rewrites when it runs."""
+    code = ('import sys, polaformer_mm.deployment; '
+            'print(sorted(m for m in sys.modules if m.split(".")[0] == "mmdeploy"))')
+    done = subprocess.run([sys.executable, '-c', code],
+                          cwd=REPO,
+                          capture_output=True,
+                          text=True,
+                          check=True)
+    assert done.stdout.strip() == '[]', done.stdout
 
 
 @pytest.mark.parametrize('hw', [(4, 4), (3, 3), (5, 7), (13, 9), (2, 2)])

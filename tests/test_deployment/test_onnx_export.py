@@ -15,9 +15,9 @@ from polaformer_mm.deployment import ExportableModel, check_onnx, compare_onnxru
 from polaformer_mm.models import PolaPVT, PolaSwin
 from polaformer_mm.ops import pola_linear_attention
 from polaformer_mm.utils.compat import TORCHSCRIPT_ONNX_EXPORT, in_graph_capture
+from tests import REPO
 from .._tools import load_tool
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 EXPORT_HW = (72, 88)
 # smaller in one side, larger in the other; at 40x130 the second Swin stage (10x33 ->
 # 5x17) is no longer shifted, which the export at 72x88 (9x11 > 8) shifts

@@ -25,13 +25,10 @@ import sys
 import tempfile
 from typing import List, Optional
 
+import torch
+
 sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..', '..')))
-# polaformer_mm before anything that imports torchvision: keep this order
-# isort: off
-import polaformer_mm  # noqa: E402,F401  (registers the backbones; before torchvision)
-import torch  # noqa: E402
 from polaformer_mm import deployment  # noqa: E402
-# isort: on
 
 PARTS = ('backbone', 'tensor', 'end2end')
 

@@ -17,8 +17,8 @@ in what stands in the way on current torch:
 * ``torch.onnx.export`` takes the TorchScript exporter (torch 2.9+ defaults to the dynamo
   exporter, which mmdeploy's rewrites do not support), and mmdeploy's RoIAlign symbolic finds
   the torch API it calls (``polaformer_mm.utils.compat.legacy_onnx_export_api``);
-* the project's own rewrites for onnxruntime (``register_mmdeploy_rewrites``: adaptive
-  pooling exact at every size, mmdet's RPN and R-CNN post-processing).
+* the project's own rewrites for onnxruntime (``polaformer_mm.deployment.rewrites``:
+  adaptive pooling exact at every size, mmdet's RPN and R-CNN post-processing).
 
 Then it runs onnx's checker and compares onnxruntime with PyTorch (``model.predict``) on
 IMAGE (default: a random image of ``--shape``) at its size (``--shape``: resized to H x W) and,
@@ -32,12 +32,8 @@ import sys
 from typing import List, Optional
 
 sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..', '..')))
-# polaformer_mm before anything that imports torchvision: keep this order
-# isort: off
-import polaformer_mm  # noqa: E402,F401  (registers the backbones; before torchvision)
 from polaformer_mm import deployment  # noqa: E402
 from polaformer_mm.engine.entry import USER_ERRORS  # noqa: E402
-# isort: on
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:

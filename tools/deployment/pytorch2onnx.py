@@ -6,7 +6,7 @@
         [--box-iou 0.99] [--min-box-match 0.99] [--min-pixel-agreement 0.999]
 
 The whole model (default) is exported end to end, post-processing included, with mmdeploy's
-rewrites for onnxruntime (``polaformer_mm.deployment.export_end2end``; mmdet 3.x and mmseg 1.x
+rewrites for onnxruntime (``polaformer_mm.deployment.end2end``; mmdet 3.x and mmseg 1.x
 have no ONNX export of their own): the graph takes the preprocessed image and returns the
 detections (boxes, scores, labels[, masks]) or the class map. The tool runs onnx's checker,
 then runs the file in onnxruntime (CPU) and the model in PyTorch eager (``model.predict``) on
@@ -18,7 +18,7 @@ difference), for segmentors the fraction of pixels of the same class. It exits w
 below ``--min-box-match`` (matched fraction and label agreement) or ``--min-pixel-agreement``.
 
 ``--tensor-only`` exports the tensor part of the model with torch's TorchScript exporter
-alone (no mmdeploy: see ``polaformer_mm.deployment``), ``--backbone-only`` the backbone's
+alone (no mmdeploy: see ``polaformer_mm.deployment.export``), ``--backbone-only`` the backbone's
 stage maps; both print the max abs / rel difference of every output against PyTorch and exit
 with status 1 above ``--rtol``.
 """
@@ -28,12 +28,8 @@ import sys
 from typing import List, Optional
 
 sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..', '..')))
-# polaformer_mm before anything that imports torchvision: keep this order
-# isort: off
-import polaformer_mm  # noqa: E402,F401  (registers the backbones; before torchvision)
 from polaformer_mm import deployment  # noqa: E402
 from polaformer_mm.engine.entry import USER_ERRORS, load_config  # noqa: E402
-# isort: on
 
 
 def _add_check_arguments(parser: argparse.ArgumentParser) -> None:

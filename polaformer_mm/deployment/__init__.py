@@ -1,0 +1,47 @@
+"""ONNX export of Pola backbones and of whole detectors / segmentors, and its checks, by
+role:
+
+* :mod:`~polaformer_mm.deployment.export` -- tensor export with torch's TorchScript
+  exporter alone: ``part='backbone'``, the backbone's stage maps, or ``part='model'``, the
+  tensor part of the whole model (no post-processing) (:class:`ExportableModel`,
+  :func:`export_onnx`); :func:`build_model` builds and loads the model for every export;
+* :mod:`~polaformer_mm.deployment.rewrites` -- the project's mmdeploy rewrites for
+  onnxruntime, one module per head family as mmdeploy lays them out, and adaptive pooling
+  exact at every size (:func:`register_mmdeploy_rewrites`);
+* :mod:`~polaformer_mm.deployment.end2end` -- end-to-end export: the whole detector /
+  segmentor with its post-processing through mmdeploy (:func:`export_end2end`), its deploy
+  configs and inputs;
+* :mod:`~polaformer_mm.deployment.checks` -- onnxruntime against PyTorch: every output of
+  a tensor export (:func:`compare_onnxruntime`), the boxes or class maps of an end-to-end
+  one (:func:`compare_end2end`), and timing.
+
+Every graph takes the model's *preprocessed* input: normalised by the data
+preprocessor's mean / std and padded as it pads, as mmdeploy's exported graphs do.
+
+The exports record a trace with the TorchScript exporter and set the graph-capture switch
+(:func:`polaformer_mm.utils.capture.exportable`); under it the Pola modules take their
+plain tensor formulations, so that every size-dependent step is in the graph and one file
+serves any input size. The graphs use the operators of opset 11 (mmdeploy's default).
+
+Importing the package imports neither mmdeploy nor mmdet / mmseg: the end-to-end export
+imports mmdeploy and registers the rewrites when it runs.
+"""
+from .checks import (BoxAgreement, Difference, MapAgreement, compare_end2end, compare_onnxruntime,
+                     match_boxes, median_seconds, other_shapes, time_end2end, time_runs)
+from .end2end import (DEPLOY_CONFIGS, MMDEPLOY_INSTALL, MMDEPLOY_VERSION, DeployConfigError,
+                      End2EndExport, deploy_config_file, end2end_task, export_end2end,
+                      folder_images, load_deploy_config, mmdeploy_missing, preprocess_image,
+                      random_images, sample_images)
+from .export import (DEFAULT_OPSET, PARTS, ExportableModel, build_exportable, build_model,
+                     check_onnx, export_onnx)
+from .rewrites import adaptive_avg_pool2d_matmul, register_mmdeploy_rewrites
+
+__all__ = [
+    'PARTS', 'DEFAULT_OPSET', 'Difference', 'ExportableModel', 'build_exportable', 'build_model',
+    'check_onnx', 'compare_onnxruntime', 'export_onnx', 'median_seconds', 'other_shapes',
+    'time_end2end', 'time_runs', 'MMDEPLOY_VERSION', 'MMDEPLOY_INSTALL', 'DEPLOY_CONFIGS',
+    'BoxAgreement', 'DeployConfigError', 'End2EndExport', 'MapAgreement',
+    'adaptive_avg_pool2d_matmul', 'compare_end2end', 'deploy_config_file', 'end2end_task',
+    'export_end2end', 'folder_images', 'load_deploy_config', 'match_boxes', 'mmdeploy_missing',
+    'preprocess_image', 'random_images', 'sample_images', 'register_mmdeploy_rewrites'
+]
