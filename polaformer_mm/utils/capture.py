@@ -75,5 +75,4 @@ def graph_capture() -> bool:
     take their plain tensor formulations then: no Python caches keyed by sizes, no
     eager-only fast paths (autograd Functions, in-place blocks), no branches on sizes."""
     return bool(_exportable or torch.jit.is_tracing() or torch.jit.is_scripting()
-                or torch.onnx.is_in_onnx_export() or is_compiling()
-                or is_exporting())
+                or torch.onnx.is_in_onnx_export() or is_compiling() or is_exporting())

@@ -472,8 +472,7 @@ def test_resize_token_grid_is_f_interpolate(mode, src, dst):
 def test_stage_resizes_every_block_encoding_in_one_call():
     """The batched resize gives each block what resizing its own P gives, and the
     gradients reach every block's own P."""
-    from polaformer_mm.models.utils import StagePositionalEncodings
-    from polaformer_mm.models.utils import resize_token_grid
+    from polaformer_mm.models.utils import StagePositionalEncodings, resize_token_grid
     model = _pvt_stage_with_resized_encodings()
     attns = [b.attn for b in model.layers[0].blocks]
     hw = (13, 19)  # key grid (7, 10) after the ratio-2 reduction

@@ -107,8 +107,7 @@ def run_case(B, h, N, n, d, dtype, what):
         }
     if what == 'one_sign':  # the kernels' forward says so, and the result is exact
         from polaformer_mm.ops.pola_attention import triton_backend
-        _, rows_lost = triton_backend.pola_linear_attention_triton(
-            q, k, v, power, alpha, eps)
+        _, rows_lost = triton_backend.pola_linear_attention_triton(q, k, v, power, alpha, eps)
         result['shared_shifts_lose_rows'] = rows_lost
         exact = _run(*(t.double() for t in (q, k, v, power)), eps, grad.double(), 'torch', alpha)[0]
         result['exact_abs_err'] = float((tri[0].double() - exact).abs().max())

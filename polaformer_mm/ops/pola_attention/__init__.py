@@ -169,8 +169,7 @@ def pola_linear_attention(q: Tensor,
         if scale is not None:
             q, k, scale = q / scale, k / scale, None
         if q.shape[0] and q.shape[2]:  # calls without queries: nothing to launch
-            out, rows_lost = triton_backend.pola_linear_attention_triton(
-                q, k, v, power, alpha, eps)
+            out, rows_lost = triton_backend.pola_linear_attention_triton(q, k, v, power, alpha, eps)
             if not rows_lost:
                 return out
             # some rows lie far below the shared shifts (large alpha, magnitudes far

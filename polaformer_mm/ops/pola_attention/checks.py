@@ -151,5 +151,3 @@ def check_inputs(q: Tensor,
         if check_values:
             _check_positive('scale', scale, 'it divides q and k')
     return check_alpha(alpha)
-
-

@@ -47,4 +47,3 @@ def summary_grads(g_W: Tensor, d: int) -> Tuple[Tensor, Tensor]:
     g_mean[..., :d] += g_W[..., d:, d + 1]
     g_mean[..., d:] += g_W[..., :d, d + 1]
     return g_kv, g_mean
-

@@ -115,4 +115,3 @@ def shared_shifts_lose_rows(inv_den: Tensor) -> bool:
     """
     limit = 1 / (torch.finfo(inv_den.dtype).tiny * 2.0**50)
     return bool((inv_den > limit).any())
-

@@ -142,10 +142,10 @@ def _query_features(q, p, TINY: tl.constexpr):
 
 @_autotune
 @triton.jit
-def query_forward_kernel(Q, W, P, EPS, KMAX, OUT, LARGEST_INV_DEN, stride_qb, stride_qh,
-                         stride_qn, stride_qd, stride_ob, stride_oh, stride_on, stride_od, H, N, d,
-                         d1, rows_per_split, n_splits, BLOCK_N: tl.constexpr,
-                         BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, TINY: tl.constexpr):
+def query_forward_kernel(Q, W, P, EPS, KMAX, OUT, LARGEST_INV_DEN, stride_qb, stride_qh, stride_qn,
+                         stride_qd, stride_ob, stride_oh, stride_on, stride_od, H, N, d, d1,
+                         rows_per_split, n_splits, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                         PRECISION: tl.constexpr, TINY: tl.constexpr):
     """Blocks of queries: features in registers, times W, divided per stream.
     LARGEST_INV_DEN gets per (batch*head, split) the largest reciprocal denominator of its
     rows, which tells the caller whether the shared shifts carried them."""
