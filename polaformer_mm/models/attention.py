@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from mmengine.registry import MODELS
 from torch import Tensor
 
-from ..ops import depthwise_conv2d, pola_linear_attention
-from ..ops._pola_common import check_alpha
-from ..utils.compat import in_graph_capture
-from .utils import conv_token_map, nchw_to_nlc, nlc_to_nchw, pad_to_multiple, resize_token_grid
+from ..ops import pola_linear_attention
+from ..ops.pola_attention.checks import check_alpha
+from .utils import (check_sizes, conv_token_map, depthwise_conv, nchw_to_nlc, nlc_to_nchw,
+                    pad_to_multiple, resize_token_grid, softmax_attention)
 
 FAMILIES = ('pvt', 'swin')
 
@@ -205,15 +205,16 @@ class PolaLinearAttention(nn.Module):
                 them.
             pos_encoding (Tensor, optional): ``P`` already laid out on the key grid
                 (1, h*w, C), e.g. resized for all blocks of a stage at once by
-                :class:`StagePositionalEncodings`; None resizes ``P`` here.
+                :class:`~polaformer_mm.models.utils.StagePositionalEncodings`; None
+                resizes ``P`` here.
             divide (bool): Divide queries and keys by ``softplus(scale)``.
                 Default: True.
         """
         B, N, C = x.shape
         H, W = hw_shape
-        if not in_graph_capture() and (N != H * W or C != self.embed_dims):
-            raise ValueError(f'PolaLinearAttention expects (B, {H}*{W}, {self.embed_dims}) '
-                             f'tokens for hw_shape {tuple(hw_shape)}; got {tuple(x.shape)}')
+        check_sizes(lambda: None if N == H * W and C == self.embed_dims else
+                    f'PolaLinearAttention expects (B, {H}*{W}, {self.embed_dims}) tokens for '
+                    f'hw_shape {tuple(hw_shape)}; got {tuple(x.shape)}')
         if self.family == 'swin':
             q, k, v, g = _linear_parts(self.qkvg, x, 4)
             kv_hw = (H, W)
@@ -233,9 +234,8 @@ class PolaLinearAttention(nn.Module):
         k = k + pos_encoding
         eps = 1e-6
         if padding_mask is not None:
-            if not in_graph_capture() and padding_mask.shape != (B, N):
-                raise ValueError(f'padding_mask must be ({B}, {N}), got '
-                                 f'{tuple(padding_mask.shape)}')
+            check_sizes(lambda: None if padding_mask.shape == (B, N) else
+                        f'padding_mask must be ({B}, {N}), got {tuple(padding_mask.shape)}')
             keep = (~padding_mask).unsqueeze(-1).to(k.dtype)
             k, v = k * keep, v * keep
             # the op's normaliser is q.sum(K)/n + eps: eps * n_real / n keeps that
@@ -267,72 +267,21 @@ class PolaLinearAttention(nn.Module):
         # conv over all C = h*d channels with the kernel repeated per head (channel
         # head * d + j uses kernel j), on v in its token layout (B, N, C) seen as a
         # channels-last map: no per-head copies of v or of the result.
-        # under a graph capture the branch follows the structure, not the sizes the
-        # capture saw (an interpolation to the same size changes nothing)
-        if (self.sr_ratio > 1) if in_graph_capture() else (n != N):
+        # the branch follows the structure, not the sizes (keys on the query grid
+        # without reduction; with it, an interpolation to the same size of a one-token
+        # map changes nothing), so that a captured graph serves every size
+        if self.sr_ratio > 1:
             # the official code stretches the flattened key sequence (1-D linear).
             v = F.interpolate(v.transpose(-2, -1).reshape(B * h, d, n), size=N, mode='linear')
             v = v.reshape(B, C, H, W).contiguous(memory_format=torch.channels_last)
         else:
             v = v.transpose(1, 2).reshape(B, H, W, C).permute(0, 3, 1, 2)
         bias = None if self.dwc.bias is None else self.dwc.bias.repeat(h)
-        v = depthwise_conv2d(v, self.dwc.weight.repeat(h, 1, 1, 1), bias)
+        v = depthwise_conv(v, self.dwc.weight.repeat(h, 1, 1, 1), bias)
         v = v.permute(0, 2, 3, 1).reshape(B, N, C)
 
         out = self.proj((out + v) * g)
         return self.proj_drop(out)
-
-
-class StagePositionalEncodings:
-    """The positional encodings of a stage's Pola blocks on the runtime key grid.
-
-    All ``P`` that need resizing to the same grid are resized in one bicubic call
-    (gradients still reach every block's own ``P``). With gradients off (inference)
-    the result is kept per key grid until a ``P`` changes (its version counter),
-    device or dtype; with gradients on it is computed at every call. Under a graph
-    capture (trace, export, ``torch.compile``) every ``P`` is resized by a recorded
-    operator, whatever the grids at capture time (a captured grid stands for any
-    size), and nothing is cached or read from the cache.
-    """
-
-    def __init__(self):
-        self._key = None
-        self._value: List[Optional[Tensor]] = []
-
-    def __call__(self, modules: Sequence[nn.Module],
-                 hw_shape: Sequence[int]) -> List[Optional[Tensor]]:
-        """One entry per module: the resized ``P`` of a :class:`PolaLinearAttention`
-        whose grid differs from its key grid, else None (the module uses its own
-        ``P``, or is no Pola module)."""
-        capture = in_graph_capture()
-        todo = [
-            i for i, m in enumerate(modules) if isinstance(m, PolaLinearAttention) and (
-                capture or m.key_grid(hw_shape) != m.pos_grid)
-        ]
-        if not todo:
-            return [None] * len(modules)
-        params = [modules[i].positional_encoding for i in todo]
-        cache = not torch.is_grad_enabled() and not capture
-        if cache:
-            key = (tuple(hw_shape), tuple(todo),
-                   tuple((id(p), p._version, p.device, p.dtype) for p in params))
-            if key == self._key:
-                return self._value
-        out: List[Optional[Tensor]] = [None] * len(modules)
-        groups = {}
-        for i in todo:
-            m = modules[i]
-            # the key grid follows from the reduction
-            groups.setdefault((m.pos_grid, m.sr_ratio), []).append(i)
-        for (src, _), indices in groups.items():
-            stacked = torch.cat([modules[i].positional_encoding for i in indices])
-            dst = modules[indices[0]].key_grid(hw_shape)
-            resized = resize_token_grid(stacked, src, dst, mode='bicubic')
-            for i, encoding in zip(indices, resized.split(1)):
-                out[i] = encoding
-        if cache:
-            self._key, self._value = key, out
-        return out
 
 
 class SpatialReductionAttention(nn.Module):
@@ -375,12 +324,7 @@ class SpatialReductionAttention(nn.Module):
         k, v = self.kv(x).reshape(B, -1, 2, self.num_heads, self.head_dims).permute(2, 0, 3, 1,
                                                                                     4).unbind(0)
         dropout = self.attn_drop if self.training else 0.
-        if in_graph_capture():
-            # the same maths in the operators of every ONNX opset (SDPA needs opset 14)
-            attn = torch.matmul(q * self.head_dims**-0.5, k.transpose(-2, -1)).softmax(dim=-1)
-            out = torch.matmul(F.dropout(attn, dropout, self.training), v)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
+        out = softmax_attention(q, k, v, self.head_dims, dropout, self.training)
         out = out.transpose(1, 2).reshape(B, N, C)
         return self.proj_drop(self.proj(out))
 

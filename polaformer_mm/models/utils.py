@@ -1,6 +1,25 @@
-"""Small building blocks shared by the Pola backbones."""
+"""Small building blocks shared by the Pola backbones.
+
+Graph capture is decided here for the layers: every building block with an eager fast
+path and a plain form that a graph records (:func:`polaformer_mm.utils.capture.graph_capture`)
+makes that choice itself, once, and the layers only call it:
+
+* :func:`check_sizes`: size checks in Python, eager only (a graph leaves them to the
+  runtime);
+* :func:`pad_to_multiple`: padding by amounts the graph computes (always, possibly by 0);
+* :func:`resize_token_grid`: interpolation by cached matrices, or ``F.interpolate``;
+* :class:`StagePositionalEncodings`: resized encodings cached per grid, or recorded;
+* :func:`window_layout`: the Swin window layout cached per size, or recorded;
+* :func:`depthwise_conv`: :func:`~polaformer_mm.ops.depthwise_conv2d`, or ``F.conv2d``;
+* :func:`softmax_attention`: ``F.scaled_dot_product_attention``, or its maths in the
+  operators of every ONNX opset;
+* :class:`Mlp`: :func:`~polaformer_mm.ops.mlp_gelu` over blocks of tokens, or module by
+  module.
+
+The attention op itself decides in its dispatch (:mod:`polaformer_mm.ops.pola_attention`).
+"""
 from functools import lru_cache
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -10,15 +29,33 @@ from mmcv.cnn import build_activation_layer, build_norm_layer
 from torch import Tensor
 
 from ..ops.blocked_mlp import mlp_gelu
-from ..utils.compat import in_graph_capture, is_autocast_enabled
+from ..ops.depthwise_conv import depthwise_conv2d
+from ..utils.capture import graph_capture
+from ..utils.compat import is_autocast_enabled
+from .window_geometry import (captured_window_layout, window_gather, window_mask, window_padding,
+                              window_shift)
+
+
+def check_sizes(error: Callable[[], Optional[str]]) -> None:
+    """Raise a ValueError with the message ``error()`` returns, unless it returns None.
+
+    Eager only: in a graph capture sizes are symbols of the graph (a trace sees them as
+    tensors), which a Python branch would fix at the captured values, so the checks are
+    left to the runtime there and ``error`` is not called.
+    """
+    if graph_capture():
+        return
+    message = error()
+    if message is not None:
+        raise ValueError(message)
 
 
 def nlc_to_nchw(x: Tensor, hw_shape: Sequence[int]) -> Tensor:
     """Tokens (B, H*W, C) -> map (B, C, H, W)."""
     H, W = hw_shape
     B, N, C = x.shape
-    if not in_graph_capture() and N != H * W:
-        raise ValueError(f'token count {N} does not match the grid {H}x{W}')
+    check_sizes(lambda: None if N == H * W else f'token count {N} does not match the grid '
+                f'{H}x{W}')
     return x.transpose(1, 2).reshape(B, C, H, W)
 
 
@@ -33,7 +70,7 @@ def pad_to_multiple(x: Tensor, multiple: int) -> Tensor:
     H, W = x.shape[-2:]
     pad_h = (-H) % multiple
     pad_w = (-W) % multiple
-    if in_graph_capture() or pad_h or pad_w:
+    if graph_capture() or pad_h or pad_w:
         x = F.pad(x, (0, pad_w, 0, pad_h))
     return x
 
@@ -81,7 +118,7 @@ def resize_token_grid(tokens: Tensor, src_hw: Sequence[int], dst_hw: Sequence[in
     src_hw, dst_hw = tuple(src_hw), tuple(dst_hw)
     T, N, C = tokens.shape
     (Hs, Ws), (Hd, Wd) = src_hw, dst_hw
-    if in_graph_capture():
+    if graph_capture():
         grid = tokens.reshape(T, Hs, Ws, C).permute(0, 3, 1, 2)
         grid = F.interpolate(grid, size=dst_hw, mode=mode, align_corners=False)
         return grid.flatten(2).transpose(1, 2)
@@ -94,6 +131,116 @@ def resize_token_grid(tokens: Tensor, src_hw: Sequence[int], dst_hw: Sequence[in
     x = torch.matmul(rows, tokens.reshape(T, Hs, Ws * C))  # (T, Hd, Ws*C)
     x = torch.matmul(cols, x.reshape(T * Hd, Ws, C))  # (T*Hd, Wd, C)
     return x.reshape(T, Hd * Wd, C)
+
+
+class StagePositionalEncodings:
+    """The positional encodings of a stage's Pola blocks on the runtime key grid.
+
+    All ``P`` that need resizing to the same grid are resized in one bicubic call
+    (gradients still reach every block's own ``P``). With gradients off (inference)
+    the result is kept per key grid until a ``P`` changes (its version counter),
+    device or dtype; with gradients on it is computed at every call. Under a graph
+    capture (trace, export, ``torch.compile``) every ``P`` is resized by a recorded
+    operator, whatever the grids at capture time (a captured grid stands for any
+    size), and nothing is cached or read from the cache.
+    """
+
+    def __init__(self):
+        self._key = None
+        self._value: List[Optional[Tensor]] = []
+
+    def __call__(self, modules: Sequence[nn.Module],
+                 hw_shape: Sequence[int]) -> List[Optional[Tensor]]:
+        """One entry per module: the resized ``P`` of a
+        :class:`~polaformer_mm.models.attention.PolaLinearAttention` whose grid differs
+        from its key grid, else None (the module uses its own ``P``, or is no Pola
+        module: None, or a module without ``positional_encoding``)."""
+        capture = graph_capture()
+        todo = [
+            i for i, m in enumerate(modules)
+            if getattr(m, 'positional_encoding', None) is not None and (
+                capture or m.key_grid(hw_shape) != m.pos_grid)
+        ]
+        if not todo:
+            return [None] * len(modules)
+        params = [modules[i].positional_encoding for i in todo]
+        cache = not torch.is_grad_enabled() and not capture
+        if cache:
+            key = (tuple(hw_shape), tuple(todo),
+                   tuple((id(p), p._version, p.device, p.dtype) for p in params))
+            if key == self._key:
+                return self._value
+        out: List[Optional[Tensor]] = [None] * len(modules)
+        groups = {}
+        for i in todo:
+            m = modules[i]
+            # the key grid follows from the reduction
+            groups.setdefault((m.pos_grid, m.sr_ratio), []).append(i)
+        for (src, _), indices in groups.items():
+            stacked = torch.cat([modules[i].positional_encoding for i in indices])
+            dst = modules[indices[0]].key_grid(hw_shape)
+            resized = resize_token_grid(stacked, src, dst, mode='bicubic')
+            for i, encoding in zip(indices, resized.split(1)):
+                out[i] = encoding
+        if cache:
+            self._key, self._value = key, out
+        return out
+
+
+class WindowLayout(NamedTuple):
+    """The Swin window layout of a map (:func:`window_layout`)."""
+    to_windows: Tensor  #: (nW * T,) index of every window token in the padded map
+    from_windows: Tensor  #: (H * W,) position of every real token among the window tokens
+    padding: Optional[Tensor]  #: (nW, T) bool, True at padding; None: no padding
+    mask: Optional[Tensor]  #: (nW, T, T) additive softmax mask; None: nothing masked
+
+
+def window_layout(hw_shape: Sequence[int], window_size: int, shifted: bool, device: torch.device,
+                  dtype: torch.dtype) -> WindowLayout:
+    """The window layout of an H x W map of a (shifted) Swin block
+    (:mod:`~polaformer_mm.models.window_geometry`): cached per size and without masks
+    where nothing is padded or shifted in eager runs; in a graph capture computed by
+    the graph from the sizes, the masks always given (all-real windows: no key
+    dropped, an all-zero softmax mask), so that the graph holds no decision on the
+    sizes it was captured at. The softmax mask is given in ``dtype``."""
+    ws = window_size
+    if graph_capture():
+        H, W = hw_shape
+        to_windows, from_windows, regions = captured_window_layout(H, W, ws, shifted, device)
+        differ = regions[:, :, None] != regions[:, None, :]
+        zeros = torch.zeros(differ.shape, dtype=dtype, device=device)
+        mask = zeros.masked_fill(differ, float('-inf'))
+        return WindowLayout(to_windows, from_windows, regions < 0, mask)
+    H, W = (int(s) for s in hw_shape)  # plain ints: keys of the cached layouts
+    shift = window_shift((H, W), ws, shifted)
+    to_windows, from_windows = window_gather(H, W, ws, shift, device)
+    mask = window_mask(H, W, ws, shift, device)
+    return WindowLayout(to_windows, from_windows, window_padding(H, W, ws, shift, device),
+                        None if mask is None else mask.to(dtype))
+
+
+def depthwise_conv(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """Depthwise convolution of ``x`` (B, C, H, W) with ``weight`` (C, 1, k, k), odd k,
+    'same' zero padding: :func:`~polaformer_mm.ops.depthwise_conv2d` (its fast CPU
+    backward) in eager runs, ``F.conv2d`` in a graph capture."""
+    if graph_capture():
+        # the weight's sizes are constants of the graph; older torch traces them as
+        # tensors, which conv2d's padding and groups do not take
+        k, C = int(weight.shape[-1]), int(weight.shape[0])
+        return F.conv2d(x, weight, bias, padding=k // 2, groups=C)
+    return depthwise_conv2d(x, weight, bias)
+
+
+def softmax_attention(q: Tensor, k: Tensor, v: Tensor, head_dims: int, dropout_p: float,
+                      training: bool) -> Tensor:
+    """``softmax(q k^T / sqrt(d)) v`` of heads q (B, h, N, d), k and v (B, h, n, d)
+    (``head_dims`` = d, a constant), with dropout ``dropout_p`` on the weights (0 unless
+    ``training``): ``F.scaled_dot_product_attention`` in eager runs; in a graph capture
+    the same maths in the operators of every ONNX opset (SDPA needs opset 14)."""
+    if graph_capture():
+        attn = torch.matmul(q * head_dims**-0.5, k.transpose(-2, -1)).softmax(dim=-1)
+        return torch.matmul(F.dropout(attn, dropout_p, training), v)
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
 
 
 def run_blocks(blocks: Sequence[nn.Module],
@@ -182,7 +329,7 @@ class Mlp(nn.Module):
     def _blocked(self, x: Tensor) -> bool:
         return (x.device.type == 'cpu' and x.dtype in (torch.float32, torch.float64)
                 and type(self.act) is nn.GELU and not (self.training and self.drop.p > 0)
-                and not is_autocast_enabled('cpu') and not in_graph_capture())
+                and not is_autocast_enabled('cpu') and not graph_capture())
 
 
 def drop_path_rates(drop_path_rate: float, depths: Sequence[int]) -> List[List[float]]:

@@ -4,14 +4,15 @@
 bound :data:`ALPHA_MAX` of its ``alpha``), the explicit weights of chosen queries and their
 entropy (:func:`pola_attention_weights`, :func:`attention_entropy`, with the learned
 exponent :func:`pola_exponent`), and the fused layers :func:`depthwise_conv2d` and
-:func:`mlp_gelu`. The naive and reference forms of the op are in
-:mod:`polaformer_mm.ops.pola_attention_naive`.
+:func:`mlp_gelu`. The op is the folder :mod:`polaformer_mm.ops.pola_attention`: its maths in
+:mod:`~polaformer_mm.ops.pola_attention.formulation`, the reference forms in
+:mod:`~polaformer_mm.ops.pola_attention.reference`.
 """
-from ._pola_common import ALPHA_MAX, pola_exponent
 from .attention_weights import attention_entropy, pola_attention_weights
 from .blocked_mlp import mlp_gelu
 from .depthwise_conv import depthwise_conv2d
-from .pola_attention import BACKENDS, pola_linear_attention, set_default_backend
+from .pola_attention import (ALPHA_MAX, BACKENDS, pola_exponent, pola_linear_attention,
+                             set_default_backend)
 
 __all__ = [
     'pola_linear_attention', 'set_default_backend', 'BACKENDS', 'ALPHA_MAX',

@@ -31,8 +31,10 @@ from typing import Tuple, Union
 import torch
 from torch import Tensor
 
-from ._pola_common import (check_alpha, exact_eps, exact_key_features, exact_query_features,
-                           exact_shifts, pola_exponent)
+from .pola_attention.checks import check_alpha
+from .pola_attention.exact_scheme import (exact_eps, exact_key_features, exact_query_features,
+                                          exact_shifts)
+from .pola_attention.formulation import pola_exponent
 
 __all__ = ['pola_attention_weights', 'attention_entropy']
 

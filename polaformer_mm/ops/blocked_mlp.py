@@ -1,15 +1,15 @@
 """The transformer MLP ``fc2(gelu(fc1(x)))`` run over blocks of tokens on the CPU.
 
-At detection sizes the hidden activations of an MLP are the largest tensors of a
-backbone (Pola-PVT-T's first stage: 66,800 tokens x 512 channels, 137 MB at 800x1333),
-and autograd keeps two of them per block (the input of GELU and that of fc2) and makes
-two more in the backward pass, each written to and read back from main memory by one
-operator after another. :func:`mlp_gelu` computes the same maths over blocks of about
-``_BLOCK_ELEMENTS`` hidden values, so that every block's GELU, second product and
-gradients work on data still in the CPU's caches, and keeps only the input and the
-pre-activation ``fc1(x)`` for the backward pass (GELU is recomputed from it there, one
-element-wise pass). Values and gradients are those of ``nn.Linear`` / ``nn.GELU`` /
-``nn.Linear`` up to rounding (the weight gradients are sums over blocks).
+At detection sizes the hidden activations of an MLP are the largest tensors of a backbone
+(Pola-PVT-T's first stage at 800x1333: 66,800 tokens x 512 channels;
+docs/advanced_guides/performance.md), and autograd keeps two of them per block (the input
+of GELU and that of fc2) and makes two more in the backward pass, each written to and read
+back from main memory by one operator after another. :func:`mlp_gelu` computes the same
+maths over blocks of about ``_BLOCK_ELEMENTS`` hidden values, so that every block's GELU,
+second product and gradients work on data still in the CPU's caches, and keeps only the
+input and the pre-activation ``fc1(x)`` for the backward pass (GELU is recomputed from it
+there, one element-wise pass). Values and gradients are those of ``nn.Linear`` /
+``nn.GELU`` / ``nn.Linear`` up to rounding (the weight gradients are sums over blocks).
 """
 from typing import Optional
 

@@ -2,9 +2,9 @@
 
 The local term of Pola attention is a depthwise k x k convolution of the values. On the
 CPU, torch's own backward of a depthwise convolution computes the weight gradient with a
-generic kernel that is 10-25x slower than the forward at detection sizes (e.g. 1.5 s
-against 60 ms for 64 channels on a 200 x 334 map). :func:`depthwise_conv2d` computes the
-same gradients with two ordinary convolutions instead:
+generic kernel that is many times slower than the forward at detection sizes
+(docs/advanced_guides/performance.md). :func:`depthwise_conv2d` computes the same gradients
+with two ordinary convolutions instead:
 
 * input gradient: the convolution of the output gradient with the flipped kernel (stride
   1 and symmetric padding make the transposed convolution an ordinary one), run in the
@@ -13,8 +13,10 @@ same gradients with two ordinary convolutions instead:
   g[b, c, y, x]``, which is a grouped convolution of the padded input with the output
   gradient as a (H x W) kernel, one group per (batch, channel), summed over the batch.
 
-Elsewhere (CUDA, when no gradient is needed, or under a graph capture: a trace, an ONNX
-export, ``torch.compile``) it is ``F.conv2d``.
+Elsewhere (CUDA, when no gradient is needed, under autocast) it is ``F.conv2d``. It is an
+eager fast path, as :func:`~polaformer_mm.ops.mlp_gelu` is: a caller that may be recorded
+into a graph calls ``F.conv2d`` there instead (the model's layers do so,
+:func:`polaformer_mm.models.utils.depthwise_conv`).
 """
 from typing import Optional
 
@@ -22,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..utils.compat import in_graph_capture, is_autocast_enabled
+from ..utils.compat import is_autocast_enabled
 
 __all__ = ['depthwise_conv2d']
 
@@ -70,11 +72,6 @@ def depthwise_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -
     docstring.
     """
     C, k = x.shape[1], weight.shape[-1]
-    if in_graph_capture():
-        # the weight's sizes are constants of the graph; older torch traces them as
-        # tensors, which conv2d's padding and groups do not take
-        k, C = int(weight.shape[-1]), int(weight.shape[0])
-        return F.conv2d(x, weight, bias, padding=k // 2, groups=C)
     if weight.shape != (C, 1, k, k) or k % 2 == 0:
         raise ValueError(f'depthwise_conv2d expects a ({C}, 1, k, k) weight with odd k '
                          f'for {C} channels; got {tuple(weight.shape)}')

@@ -7,8 +7,7 @@ difference is decided here, once, and the rest of the package calls these functi
 * :func:`is_autocast_enabled` -- ``torch.is_autocast_enabled(device_type)`` is torch 2.4+;
   older torch has one function per device type.
 * :func:`is_compiling` -- ``torch.compiler.is_compiling`` is torch 2.3+.
-* :func:`in_graph_capture` -- whether a trace, an ONNX export, ``torch.compile`` or
-  ``torch.export`` records the code (``torch.compiler.is_exporting`` is torch 2.5+).
+* :func:`is_exporting` -- ``torch.compiler.is_exporting`` is torch 2.5+ (False before).
 * :data:`TORCHSCRIPT_ONNX_EXPORT` -- the keyword arguments that make ``torch.onnx.export``
   use the TorchScript exporter: ``dynamo=False`` where the function takes ``dynamo``
   (torch 2.5+; torch 2.9+ defaults to the dynamo exporter), none on older torch, whose
@@ -38,7 +37,7 @@ import torch
 __all__ = [
     'TORCH_VERSION', 'NATIVE_ALLOWLIST', 'native_safe_globals', 'NUMPY_MULTIARRAY', 'MIN_TRITON',
     'TritonStatus', 'TORCHSCRIPT_ONNX_EXPORT', 'has_fused_adamw', 'is_autocast_enabled',
-    'is_compiling', 'in_graph_capture', 'legacy_onnx_export_api', 'triton_status', 'version_tuple'
+    'is_compiling', 'is_exporting', 'legacy_onnx_export_api', 'triton_status', 'version_tuple'
 ]
 
 
@@ -110,15 +109,11 @@ else:  # torch < 2.3
 _is_exporting = getattr(getattr(torch, 'compiler', None), 'is_exporting', None)
 
 
-def in_graph_capture() -> bool:
-    """Whether the running code is being recorded into a graph rather than run: a
-    ``torch.jit`` trace or script, an ONNX export (either exporter), ``torch.compile``
-    or ``torch.export``. Code that keeps Python caches keyed by sizes, or that takes
-    eager-only fast paths (autograd Functions, in-place blocks), takes its plain
-    tensor formulation then."""
-    return bool(torch.jit.is_tracing() or torch.jit.is_scripting()
-                or torch.onnx.is_in_onnx_export() or is_compiling()
-                or (_is_exporting is not None and _is_exporting()))
+def is_exporting() -> bool:
+    """Whether ``torch.export`` traces the code (``torch.compiler.is_exporting``, torch
+    2.5+); False on older torch, whose ``torch.export`` traces with dynamo, under which
+    :func:`is_compiling` holds."""
+    return _is_exporting is not None and bool(_is_exporting())
 
 
 @functools.lru_cache(maxsize=None)

@@ -14,7 +14,8 @@ import torch
 from polaformer_mm.deployment import ExportableModel, check_onnx, compare_onnxruntime, export_onnx
 from polaformer_mm.models import PolaPVT, PolaSwin
 from polaformer_mm.ops import pola_linear_attention
-from polaformer_mm.utils.compat import TORCHSCRIPT_ONNX_EXPORT, in_graph_capture
+from polaformer_mm.utils.capture import graph_capture
+from polaformer_mm.utils.compat import TORCHSCRIPT_ONNX_EXPORT
 from tests import REPO
 from .._tools import load_tool
 
@@ -102,14 +103,14 @@ def test_op_is_recorded_whole_by_a_trace(d):
     power, scale = torch.randn(1, h, 1, d), torch.rand(1, h, 1, d) + 0.5
 
     def attend(q, k, v):
-        assert in_graph_capture() == torch.jit.is_tracing()
+        assert graph_capture() == torch.jit.is_tracing()
         return pola_linear_attention(q, k, v, power, 4.0, 1e-6, scale=scale)
 
     def inputs(n):
         return [torch.randn(2, h, n, d) * 3 for _ in range(3)]
 
     traced = torch.jit.trace(attend, tuple(inputs(20)))
-    assert not in_graph_capture()
+    assert not graph_capture()
     for n in (20, 37):
         args = inputs(n)
         torch.testing.assert_close(traced(*args), attend(*args), rtol=1e-5, atol=1e-6)

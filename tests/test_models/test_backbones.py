@@ -472,8 +472,7 @@ def test_resize_token_grid_is_f_interpolate(mode, src, dst):
 def test_stage_resizes_every_block_encoding_in_one_call():
     """The batched resize gives each block what resizing its own P gives, and the
     gradients reach every block's own P."""
-    from polaformer_mm.models.attention import StagePositionalEncodings
-    from polaformer_mm.models.utils import resize_token_grid
+    from polaformer_mm.models.utils import StagePositionalEncodings, resize_token_grid
     model = _pvt_stage_with_resized_encodings()
     attns = [b.attn for b in model.layers[0].blocks]
     hw = (13, 19)  # key grid (7, 10) after the ratio-2 reduction
@@ -498,7 +497,7 @@ def test_stage_resizes_every_block_encoding_in_one_call():
 
 
 def test_stage_encodings_cached_without_gradients_until_a_parameter_changes():
-    from polaformer_mm.models.attention import StagePositionalEncodings
+    from polaformer_mm.models.utils import StagePositionalEncodings
     model = _pvt_stage_with_resized_encodings()
     attns = [b.attn for b in model.layers[0].blocks]
     cache = StagePositionalEncodings()

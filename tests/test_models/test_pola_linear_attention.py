@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 from polaformer_mm.models import PolaLinearAttention
-from polaformer_mm.ops.pola_attention_naive import pola_linear_attention_reference
+from polaformer_mm.ops.pola_attention.reference import pola_linear_attention_reference
 
 
 def _randomise(module, seed=0):

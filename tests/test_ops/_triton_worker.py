@@ -106,9 +106,8 @@ def run_case(B, h, N, n, d, dtype, what):
             'max_abs': float(a.abs().max()) if a.numel() else 0.0,
         }
     if what == 'one_sign':  # the kernels' forward says so, and the result is exact
-        from polaformer_mm.ops import pola_attention_triton
-        _, rows_lost = pola_attention_triton.pola_linear_attention_triton(
-            q, k, v, power, alpha, eps)
+        from polaformer_mm.ops.pola_attention import triton_backend
+        _, rows_lost = triton_backend.pola_linear_attention_triton(q, k, v, power, alpha, eps)
         result['shared_shifts_lose_rows'] = rows_lost
         exact = _run(*(t.double() for t in (q, k, v, power)), eps, grad.double(), 'torch', alpha)[0]
         result['exact_abs_err'] = float((tri[0].double() - exact).abs().max())
@@ -139,14 +138,14 @@ def lower_for_sm90():
     from triton.compiler import ASTSource
     from triton.compiler.compiler import make_backend
 
-    from polaformer_mm.ops import pola_attention_triton_kernels as kernels
-    from polaformer_mm.ops.pola_attention_triton import TINY, block_d
+    from polaformer_mm.ops.pola_attention import triton_kernels as kernels
+    from polaformer_mm.ops.pola_attention.triton_backend import TINY, block_d
 
     pointer_args = {
         'key_summary_kernel':
         dict(K='x', V='x', P='f', KV='f', KMEAN='f', KMAX='f'),
         'query_forward_kernel':
-        dict(Q='x', W='f', P='f', EPS='f', KMAX='f', OUT='x', WORST='f'),
+        dict(Q='x', W='f', P='f', EPS='f', KMAX='f', OUT='x', LARGEST_INV_DEN='f'),
         'query_backward_kernel':
         dict(Q='x', GO='x', W='f', P='f', EPS='f', KMAX='f', GQ='x', GW='f', GP='f'),
         'key_backward_kernel':

@@ -7,7 +7,7 @@ import torch
 from polaformer_mm.models.attention import PolaLinearAttention
 from polaformer_mm.ops import (attention_entropy, pola_attention_weights, pola_exponent,
                                pola_linear_attention)
-from polaformer_mm.ops.pola_attention_naive import pola_linear_attention_reference
+from polaformer_mm.ops.pola_attention.reference import pola_linear_attention_reference
 
 
 def _inputs(B=2, h=3, N=11, n=8, d=16, dtype=torch.float64, seed=0, scale=1.):

@@ -5,9 +5,11 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from polaformer_mm.ops import ALPHA_MAX, pola_linear_attention, set_default_backend
-from polaformer_mm.ops.pola_attention_naive import (pola_linear_attention_naive,
-                                                    pola_linear_attention_reference,
-                                                    polarity_features)
+from polaformer_mm.ops.pola_attention.reference import \
+    pola_linear_attention_log_domain as log_domain_reference
+from polaformer_mm.ops.pola_attention.reference import (pola_linear_attention_naive,
+                                                        pola_linear_attention_reference,
+                                                        polarity_features)
 
 IMPLS = [pola_linear_attention, pola_linear_attention_naive]
 
@@ -228,7 +230,7 @@ def test_forced_triton_names_every_reason_the_kernels_refuse_the_inputs():
     """One list of reasons (the Triton backend's) decides 'auto' and words the error of
     a forced 'triton': float64 CPU tensors wider than the kernels' head width give all
     of them, in one message."""
-    from polaformer_mm.ops import pola_attention_triton as kernels
+    from polaformer_mm.ops.pola_attention import triton_backend as kernels
     q, k, v, power = _inputs(N=4, n=3, d=kernels.MAX_HEAD_DIM + 2)
     reasons = kernels.unsupported_reasons(q, k, v, power)
     assert 'the kernels need CUDA tensors (got cpu)' in reasons
@@ -507,7 +509,7 @@ def test_blocks_give_the_result_of_the_whole(monkeypatch, shape, block):
     """The torch path runs over blocks of tokens / batch entries: forced to small
     blocks it gives the values and gradients (q, k, v, power, scale) of the explicit
     weights, with per-entry eps and queries in the token layout."""
-    from polaformer_mm.ops import pola_attention_torch as module
+    from polaformer_mm.ops.pola_attention import function as module
     monkeypatch.setattr(module, 'BLOCK_ELEMENTS', block)
     q, k, v, power = _inputs(**shape, seed=3)
     B, h, N, d = q.shape
@@ -532,29 +534,6 @@ def test_blocks_give_the_result_of_the_whole(monkeypatch, shape, block):
 
 
 # --- every alpha the op takes: exact, or refused ----------------------------------------
-
-
-def log_domain_reference(q, k, v, power, alpha, eps=1e-6):
-    """The op's formula in float64 with every score in the log domain: for each (query,
-    key) pair the log of sum_j q_j^p k_j^p over the pairs of channels of one stream's
-    signs (a log-sum-exp over the channels), and the normalised weights from a
-    log-sum-exp over the keys and ``n * eps``. No power is ever formed, so nothing
-    overflows or underflows whatever alpha: exact to float64 rounding (the powers of
-    :func:`pola_linear_attention_reference` overflow float64 once p log|x| > 709)."""
-    q, k, v, power = (t.double() for t in (q, k, v, power))
-    n, d = k.shape[-2], q.shape[-1]
-    d1 = (d + 1) // 2
-    p = (1 + alpha * torch.sigmoid(power)).unsqueeze(-2)  # (1, h, 1, 1, d)
-    terms = p * (q.abs().log().unsqueeze(-2) + k.abs().log().unsqueeze(-3))  # (B,h,N,n,d)
-    signs = q.sign().unsqueeze(-2) * k.sign().unsqueeze(-3)
-    eps = torch.as_tensor(eps, dtype=torch.float64).expand(q.shape[0], q.shape[1], 1, 1)
-    log_eps = torch.log(n * eps).expand(*q.shape[:3], 1)
-    outs = []
-    for sign, values in ((1, v[..., :d1]), (-1, v[..., d1:])):
-        log_scores = torch.where(signs == sign, terms, -math.inf).logsumexp(dim=-1)  # (B,h,N,n)
-        log_total = torch.cat([log_scores, log_eps], dim=-1).logsumexp(dim=-1, keepdim=True)
-        outs.append(torch.exp(log_scores - log_total) @ values)
-    return torch.cat(outs, dim=-1)
 
 
 def test_log_domain_reference_is_the_reference():
@@ -625,7 +604,7 @@ def test_fast_and_exact_blocks_in_one_call(monkeypatch):
     all lie far below the shared shifts); small blocks, so that both kinds occur in one
     call (and a scale). Keys that far apart send the whole call to the exact scheme at
     once; here that shortcut is held off, so that the test of every block decides."""
-    from polaformer_mm.ops import pola_attention_torch as module
+    from polaformer_mm.ops.pola_attention import function as module
     monkeypatch.setattr(module, 'BLOCK_ELEMENTS', 64)
     monkeypatch.setattr(module, 'beyond_shared_shifts', lambda *args: False)
     q, k, v, power = _inputs(B=2, h=2, N=30, n=20, d=4, seed=5)
@@ -736,7 +715,7 @@ def test_a_scale_that_is_not_positive_is_refused(bad):
 def test_keys_beyond_the_shared_range_take_the_exact_scheme_at_once(monkeypatch):
     """A channel whose negative keys all lie under the shared shifts' floor: every block
     is computed with the exact scheme without first trying the shared one."""
-    from polaformer_mm.ops import pola_attention_torch as module
+    from polaformer_mm.ops.pola_attention import function as module
     tested = []
     inexact = module.shared_shifts_lose_rows
     monkeypatch.setattr(module, 'shared_shifts_lose_rows',

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from polaformer_mm.ops import pola_linear_attention
-from polaformer_mm.ops.pola_attention_naive import pola_linear_attention_reference
+from polaformer_mm.ops.pola_attention.reference import pola_linear_attention_reference
 from polaformer_mm.utils.compat import triton_status
 from .._cuda import CUDA
 

@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from polaformer_mm.ops.pola_attention_triton import TOLERANCES
+from polaformer_mm.ops.pola_attention.triton_backend import TOLERANCES
 from polaformer_mm.utils.compat import triton_status
 from ._triton_worker import CASES
 

@@ -40,8 +40,8 @@ import time
 import torch
 
 from polaformer_mm.ops import pola_linear_attention
-from polaformer_mm.ops.pola_attention_naive import (pola_linear_attention_naive,
-                                                    pola_linear_attention_reference)
+from polaformer_mm.ops.pola_attention.reference import (pola_linear_attention_naive,
+                                                        pola_linear_attention_reference)
 
 # (name, B, heads, N queries, n keys, head width)
 SHAPES = [

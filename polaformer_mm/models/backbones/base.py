@@ -12,8 +12,7 @@ from mmengine.utils import to_2tuple
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ...utils.compat import in_graph_capture
-from ..utils import nlc_to_nchw
+from ..utils import check_sizes, nlc_to_nchw
 
 
 def _is_int(value) -> bool:
@@ -202,16 +201,17 @@ class PolaBackboneBase(BaseModule):
         if x.dim() != 4:
             raise ValueError(f'{name} expects (B, C, H, W) images, '
                              f'got {tuple(x.shape)}')
-        # the size checks are Python branches on sizes: not recorded by a graph capture
-        # (a trace sees sizes as tensors), which leaves them to the runtime
-        capture = in_graph_capture()
-        if not capture and 0 in x.shape:
-            raise ValueError(f'{name} got an empty batch or image: input shape '
-                             f'{tuple(x.shape)}')
         in_channels = self._in_channels()
-        if not capture and x.shape[1] != in_channels:
-            raise ValueError(f'{name} expects {in_channels} input channels '
-                             f'(in_channels), got images of shape {tuple(x.shape)}')
+
+        def size_error():
+            if 0 in x.shape:
+                return f'{name} got an empty batch or image: input shape {tuple(x.shape)}'
+            if x.shape[1] != in_channels:
+                return (f'{name} expects {in_channels} input channels (in_channels), got '
+                        f'images of shape {tuple(x.shape)}')
+            return None
+
+        check_sizes(size_error)
         outs = []
         last = max(self.out_indices)
         for i, (tokens, hw_shape) in enumerate(self.forward_stages(x)):

@@ -10,8 +10,9 @@ from mmengine.registry import MODELS
 from mmengine.utils import to_2tuple
 from torch import Tensor
 
-from ..attention import PolaLinearAttention, SpatialReductionAttention, StagePositionalEncodings
-from ..utils import Mlp, PatchEmbed, drop_path_rates, nlc_to_nchw, resize_token_grid, run_blocks
+from ..attention import PolaLinearAttention, SpatialReductionAttention
+from ..utils import (Mlp, PatchEmbed, StagePositionalEncodings, drop_path_rates, nlc_to_nchw,
+                     resize_token_grid, run_blocks)
 from .base import PolaBackboneBase, check_stage_list
 
 
@@ -230,9 +231,8 @@ class PolaPVT(PolaBackboneBase):
         **dict.fromkeys(['m', 'medium'], dict(depths=[3, 4, 18, 3])),
         **dict.fromkeys(['l', 'large'], dict(depths=[3, 8, 27, 3])),
         # not an official model: half of tiny's width and one block per stage, for small
-        # images trained from scratch in minutes (the quickstart configs; per iteration of
-        # the Semantic FPN quickstart about 0.6x the time of two blocks per stage, and as
-        # much learned per iteration)
+        # images trained from scratch in minutes (the quickstart configs; its time per
+        # iteration: docs/advanced_guides/performance.md)
         'nano':
         dict(embed_dims=[32, 64, 160, 256], depths=[1, 1, 1, 1]),
     }

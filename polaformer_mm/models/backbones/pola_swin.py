@@ -4,18 +4,15 @@ from typing import Dict, Iterator, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from mmcv.cnn import build_norm_layer
 from mmcv.cnn.bricks import DropPath
 from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 from torch import Tensor
 
-from ...utils.compat import in_graph_capture
-from ..attention import PolaLinearAttention, StagePositionalEncodings, WindowMSA
-from ..utils import Mlp, PatchEmbed, drop_path_rates, run_blocks
-from ..window_geometry import (captured_window_layout, padded_size, window_gather, window_mask,
-                               window_padding, window_shift)
+from ..attention import PolaLinearAttention, WindowMSA
+from ..utils import (Mlp, PatchEmbed, StagePositionalEncodings, drop_path_rates, pad_to_multiple,
+                     run_blocks, window_layout)
 from .base import PolaBackboneBase, check_positive_int
 
 
@@ -108,51 +105,22 @@ class SwinBlock(BaseModule):
         self.mlp = Mlp(embed_dims, int(embed_dims * mlp_ratio), drop=drop_rate, act_cfg=act_cfg)
 
     def _window_attention(self, x: Tensor, hw_shape: Sequence[int]) -> Tensor:
-        if in_graph_capture():
-            return self._captured_window_attention(x, hw_shape)
-        # plain ints: keys of the cached layouts
-        H, W = (int(s) for s in hw_shape)
-        B, N, C = x.shape
-        ws = self.window_size
-        shift = window_shift((H, W), ws, self.shifted)
-        Hp, Wp = padded_size(H, ws), padded_size(W, ws)
-        if (Hp, Wp) != (H, W):
-            x = F.pad(x.view(B, H, W, C), (0, 0, 0, Wp - W, 0, Hp - H))
-        to_windows, from_windows = window_gather(H, W, ws, shift, x.device)
-        windows = x.reshape(B, Hp * Wp, C).index_select(1, to_windows).view(-1, ws * ws, C)
-        if self.uses_pola:
-            padding = window_padding(H, W, ws, shift, x.device)
-            if padding is not None:
-                padding = padding.repeat(B, 1)
-            windows = self.attn(windows, (ws, ws), padding_mask=padding)
-        else:
-            mask = window_mask(H, W, ws, shift, x.device)
-            if mask is not None:
-                mask = mask.to(x.dtype)
-            windows = self.attn(windows, mask)
-        return windows.view(B, -1, C).index_select(1, from_windows)
-
-    def _captured_window_attention(self, x: Tensor, hw_shape: Sequence[int]) -> Tensor:
-        """:meth:`_window_attention` for a graph capture: the layouts of
-        :func:`captured_window_layout`, the map always padded (possibly by 0) and the
-        padding / shift masks always applied (all-real windows: no key is dropped, an
-        all-zero softmax mask), so that the graph holds no decision on the sizes it
-        was captured at."""
+        """Attention within the (shifted) windows of the map (``window_size``), the
+        layout and masks of :func:`~polaformer_mm.models.utils.window_layout`: the map
+        padded to multiples of the window, rolled and laid out as windows in one
+        gather, and back."""
         H, W = hw_shape
         B, N, C = x.shape
         ws = self.window_size
-        to_windows, from_windows, regions = captured_window_layout(H, W, ws, self.shifted, x.device)
-        Hp, Wp = padded_size(H, ws), padded_size(W, ws)
-        x = F.pad(x.view(B, H, W, C), (0, 0, 0, Wp - W, 0, Hp - H))
-        windows = x.reshape(B, -1, C).index_select(1, to_windows).view(-1, ws * ws, C)
+        layout = window_layout(hw_shape, ws, self.shifted, x.device, x.dtype)
+        x = pad_to_multiple(x.view(B, H, W, C).permute(0, 3, 1, 2), ws).permute(0, 2, 3, 1)
+        windows = x.reshape(B, -1, C).index_select(1, layout.to_windows).view(-1, ws * ws, C)
         if self.uses_pola:
-            padding = (regions < 0).repeat(B, 1)
+            padding = None if layout.padding is None else layout.padding.repeat(B, 1)
             windows = self.attn(windows, (ws, ws), padding_mask=padding)
         else:
-            differ = regions[:, :, None] != regions[:, None, :]
-            zeros = torch.zeros(differ.shape, dtype=x.dtype, device=x.device)
-            windows = self.attn(windows, zeros.masked_fill(differ, float('-inf')))
-        return windows.view(B, -1, C).index_select(1, from_windows)
+            windows = self.attn(windows, layout.mask)
+        return windows.view(B, -1, C).index_select(1, layout.from_windows)
 
     def forward(self,
                 x: Tensor,
@@ -196,9 +164,7 @@ class PatchMerging(BaseModule):
         """Merged tokens and their grid (see the class docstring)."""
         H, W = hw_shape
         B, N, C = x.shape
-        x = x.view(B, H, W, C)
-        if in_graph_capture() or H % 2 or W % 2:
-            x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))
+        x = pad_to_multiple(x.view(B, H, W, C).permute(0, 3, 1, 2), 2).permute(0, 2, 3, 1)
         x = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]],
                       dim=-1)
         hw_shape = (x.shape[1], x.shape[2])

@@ -11,8 +11,8 @@ backward pass: q, k, v, ``power``, ``W``, the key shift and ``eps`` per (batch, 
 The kernels use the shared shifts of the torch path (one per query row, one for the keys
 of a (batch, head)). The query pass reports per split its largest reciprocal
 denominator, and :func:`pola_linear_attention_triton` says whether one is past the bound
-at which those shifts may lose a row (``polaformer_mm.ops.pola_attention``, "Exponent
-range"); the dispatch then computes the call with the torch path, whose exact scheme
+at which those shifts may lose a row (:func:`~.shared_shifts.shared_shifts_lose_rows`);
+the dispatch then computes the call with the torch path, whose exact scheme
 takes such blocks (one flag read back per call). Calls without queries take the torch
 path too (nothing to launch).
 
@@ -33,19 +33,21 @@ from typing import Dict, List, Tuple
 import torch
 from torch import Tensor
 
-from ..utils.compat import triton_status
-from ._pola_common import (EpsType, assemble_summary, pola_exponent, shared_shifts_lose_rows,
-                           summary_grads, value_split)
+from ...utils.compat import triton_status
+from .checks import EpsType
+from .formulation import pola_exponent, value_split
+from .key_summary import assemble_summary, summary_grads
+from .shared_shifts import shared_shifts_lose_rows
 
 # Triton is optional, and the kernels need 3.0+: with an older Triton, or one that fails to
 # import for any reason, they are unavailable and `backend='auto'` takes the torch path.
-#: The kernels' module (:mod:`~polaformer_mm.ops.pola_attention_triton_kernels`) once it
+#: The kernels' module (:mod:`~polaformer_mm.ops.pola_attention.triton_kernels`) once it
 #: loaded, else None.
 kernels = None
 _import_error = triton_status().reason
 if _import_error is None:
     try:
-        from . import pola_attention_triton_kernels as kernels
+        from . import triton_kernels as kernels
     except Exception as error:  # noqa: BLE001  (a Triton whose API differs, a broken build)
         _import_error = (f'the fused kernels do not load with Triton {triton_status().version} '
                          f'({type(error).__name__}: {error})')
@@ -214,18 +216,18 @@ class _PolaAttentionTriton(torch.autograd.Function):
 
         out = torch.empty_like(q)
         rows, splits = _splits(N, bh, device)
-        worst = torch.empty(bh, splits, dtype=torch.float32, device=device)
-        kernels.query_forward_kernel[(bh, splits)](q, W, p, eps_bh, k_shift, out, worst,
+        largest_inv_den = torch.empty(bh, splits, dtype=torch.float32, device=device)
+        kernels.query_forward_kernel[(bh, splits)](q, W, p, eps_bh, k_shift, out, largest_inv_den,
                                                    *q.stride(), *out.stride(), h, N, d,
                                                    value_split(d), rows, splits, **meta)
         ctx.alpha = alpha
         ctx.save_for_backward(q, k, v, power, W, k_shift, eps_bh)
-        ctx.mark_non_differentiable(worst)
-        return out, worst
+        ctx.mark_non_differentiable(largest_inv_den)
+        return out, largest_inv_den
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out: Tensor, grad_worst: Tensor):
+    def backward(ctx, grad_out: Tensor, grad_largest_inv_den: Tensor):
         q, k, v, power, W, k_shift, eps_bh = ctx.saved_tensors
         B, h, N, d = q.shape
         n = k.shape[2]
@@ -284,5 +286,5 @@ def pola_linear_attention_triton(q: Tensor, k: Tensor, v: Tensor, power: Tensor,
         raise ValueError('pola_linear_attention_triton: no queries (q shape '
                          f'{tuple(q.shape)}), nothing to launch; the torch path takes such calls')
     with torch.autocast(q.device.type, enabled=False):
-        out, worst = _PolaAttentionTriton.apply(q, k, v, power, alpha, eps)
-    return out, shared_shifts_lose_rows(worst)
+        out, largest_inv_den = _PolaAttentionTriton.apply(q, k, v, power, alpha, eps)
+    return out, shared_shifts_lose_rows(largest_inv_den)

@@ -1,8 +1,8 @@
 """Triton kernels of the fused polarity-aware linear attention.
 
-Imported by :mod:`polaformer_mm.ops.pola_attention_triton` (and the tests), and only when
+Imported by :mod:`polaformer_mm.ops.pola_attention.triton_backend` (and the tests), and only when
 Triton is installed. All arithmetic is float32 whatever the storage dtype. Notation as in
-:mod:`polaformer_mm.ops.pola_attention`: ``W`` (2d x (d+2)) is the key summary (rows
+:mod:`polaformer_mm.ops.pola_attention.formulation`: ``W`` (2d x (d+2)) is the key summary (rows
 0..d-1 multiply q+, rows d..2d-1 multiply q-; columns: d numerators, then the
 denominators of the same-signed and the opposite stream). A feature is
 ``exp(p log max(|x|, tiny) - M)`` masked by the sign of x, so exact zeros give zero
@@ -142,13 +142,13 @@ def _query_features(q, p, TINY: tl.constexpr):
 
 @_autotune
 @triton.jit
-def query_forward_kernel(Q, W, P, EPS, KMAX, OUT, WORST, stride_qb, stride_qh, stride_qn, stride_qd,
-                         stride_ob, stride_oh, stride_on, stride_od, H, N, d, d1, rows_per_split,
-                         n_splits, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+def query_forward_kernel(Q, W, P, EPS, KMAX, OUT, LARGEST_INV_DEN, stride_qb, stride_qh, stride_qn,
+                         stride_qd, stride_ob, stride_oh, stride_on, stride_od, H, N, d, d1,
+                         rows_per_split, n_splits, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                          PRECISION: tl.constexpr, TINY: tl.constexpr):
-    """Blocks of queries: features in registers, times W, divided per stream. WORST gets
-    per (batch*head, split) the largest reciprocal denominator of its rows, which tells
-    the caller whether the shared shifts carried them."""
+    """Blocks of queries: features in registers, times W, divided per stream.
+    LARGEST_INV_DEN gets per (batch*head, split) the largest reciprocal denominator of its
+    rows, which tells the caller whether the shared shifts carried them."""
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
@@ -164,7 +164,7 @@ def query_forward_kernel(Q, W, P, EPS, KMAX, OUT, WORST, stride_qb, stride_qh, s
     q_base = Q + b * stride_qb + hh * stride_qh
     out_base = OUT + b * stride_ob + hh * stride_oh
 
-    worst = tl.max(tl.zeros([BLOCK_N], dtype=tl.float32), axis=0)
+    largest_inv_den = tl.max(tl.zeros([BLOCK_N], dtype=tl.float32), axis=0)
     start = pid_s * rows_per_split
     end = tl.minimum(start + rows_per_split, N)
     for n0 in range(start, end, BLOCK_N):
@@ -180,10 +180,11 @@ def query_forward_kernel(Q, W, P, EPS, KMAX, OUT, WORST, stride_qb, stride_qh, s
         eps_scaled = _scaled_eps(eps, shift, k_shift, TINY)
         inv_s = 1. / (den_s + eps_scaled)
         inv_o = 1. / (den_o + eps_scaled)
-        worst = tl.maximum(worst, tl.max(tl.where(rows, tl.maximum(inv_s, inv_o), 0.), axis=0))
+        block_largest = tl.max(tl.where(rows, tl.maximum(inv_s, inv_o), 0.), axis=0)
+        largest_inv_den = tl.maximum(largest_inv_den, block_largest)
         out = num * tl.where(first, inv_s[:, None], inv_o[:, None])
         _store_block(out_base, out, offs_n, offs_d, stride_on, stride_od, mask)
-    tl.store(WORST + pid_bh * n_splits + pid_s, worst)
+    tl.store(LARGEST_INV_DEN + pid_bh * n_splits + pid_s, largest_inv_den)
 
 
 @_autotune

@@ -1,22 +1,14 @@
-"""The torch backend of :func:`polaformer_mm.ops.pola_linear_attention`.
+"""The blocked autograd Function: the eager torch form of the op.
 
-:func:`pola_linear_attention_torch` takes checked arguments (half precision, mixed
-dtypes and calls under autocast computed in float32) and runs one of two forms of the
-same computation:
-
-* an autograd Function (:class:`_PolaAttentionFunction`), O((N + n) d^2), that keeps only
-  q, k, v, ``power``, the key summary ``W`` and the key shift for the backward pass and
-  recomputes the polarity features there. Every pass over the tokens runs block by
-  block (:func:`token_blocks`), so that the feature planes of a block and the
-  temporaries of its element-wise maths stay in the CPU's caches. Blocks take the
-  shared shifts (:func:`~polaformer_mm.ops._pola_common.scaled_features`) unless their
-  denominators say those lose rows
-  (:func:`~polaformer_mm.ops._pola_common.shared_shifts_lose_rows`); such blocks take the
-  exact scheme (:func:`_exact_block`) against a second key summary made only then.
-* under a graph capture (a jit trace, an ONNX export, ``torch.compile``,
-  ``torch.export``) a plain tensor formulation (:func:`_plain_formulation`): the same
-  features, shifts and scaled ``eps`` in out-of-place operations, which a captured
-  graph records whole for any token count.
+:func:`pola_linear_attention_blocked` runs :class:`_PolaAttentionFunction`, O((N + n) d^2),
+which keeps only q, k, v, ``power``, the key summary ``W`` (:mod:`.key_summary`) and the key
+shift for the backward pass and recomputes the polarity features there. Every pass over the
+tokens runs block by block (:func:`token_blocks`), so that the feature planes of a block and
+the temporaries of its element-wise maths stay in the CPU's caches. Blocks take the shared
+shifts (:func:`~.shared_shifts.scaled_features`) unless their denominators say those lose
+rows (:func:`~.shared_shifts.shared_shifts_lose_rows`); such blocks take the exact scheme
+(:func:`_exact_block`, :mod:`.exact_scheme`) against a second key summary made only then.
+The results are those of :func:`~.formulation.pola_linear_attention_plain` up to rounding.
 
 Features as planes: ``[x+, x-]`` of x (..., m, d) are held as one tensor (2, ..., m, d),
 plane 0 the positive and plane 1 the negative features; ``[x+, x-] @ W`` is then
@@ -27,15 +19,16 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..utils.compat import in_graph_capture, is_autocast_enabled
-from ._pola_common import (EpsType, absent_exponent, assemble_summary, exact_eps,
-                           exact_key_features, exact_key_features_for_backward,
-                           exact_query_features, exact_query_features_for_backward, exact_shifts,
-                           exp_floor, pola_exponent, scaled_eps, scaled_features,
-                           scaled_features_for_backward, shared_shifts_lose_rows, summary_grads,
-                           value_split)
+from .checks import EpsType
+from .exact_scheme import (absent_exponent, exact_eps, exact_key_features,
+                           exact_key_features_for_backward, exact_query_features,
+                           exact_query_features_for_backward, exact_shifts)
+from .formulation import exp_floor, pola_exponent, value_split
+from .key_summary import assemble_summary, summary_grads
+from .shared_shifts import (scaled_eps, scaled_features, scaled_features_for_backward,
+                            shared_shifts_lose_rows)
 
-__all__ = ['pola_linear_attention_torch']
+__all__ = ['pola_linear_attention_blocked', 'token_blocks', 'BLOCK_ELEMENTS']
 
 
 def _as_matrix_batch(x: Tensor) -> Tensor:
@@ -134,7 +127,7 @@ def _divide_by_denominators(qf: Tensor, shift_q: Tensor, W: Tensor, eps: EpsType
     """``num_den = Q W`` (B', h, rows, d + 2) for the query feature planes ``qf`` and
     their row shifts: the d numerators, then the two denominators, whose columns are
     turned into their reciprocals (``inv_den``, also returned as that view) with the
-    scaled eps (:func:`~polaformer_mm.ops._pola_common.scaled_eps`) added first."""
+    scaled eps (:func:`~.shared_shifts.scaled_eps`) added first."""
     num_den = _planes_matmul(qf, W)
     d = W.shape[-1] - 2
     inv_den = num_den[..., d:].add_(scaled_eps(eps, shift_q, shift_k)).reciprocal_()
@@ -150,7 +143,7 @@ def _query_block(q: Tensor, p: Tensor, W: Tensor, eps: EpsType, shift_k: Tensor,
     return _divide_by_denominators(qf, shift_q, W, eps, shift_k)
 
 
-def _batch_rows(eps: EpsType, batch: slice, entries: Tuple[int, int]) -> EpsType:
+def _eps_rows(eps: EpsType, batch: slice, entries: Tuple[int, int]) -> EpsType:
     """The eps of the batch entries ``batch``: a float as it is, a tensor broadcastable
     to (B, h, 1, 1) (``entries`` = (B, h)) expanded to that and sliced."""
     return eps.expand(*entries, 1, 1)[batch] if isinstance(eps, Tensor) else eps
@@ -187,7 +180,7 @@ def _exact_block(q: Tensor,
                  g_log_scale: Optional[Tensor] = None) -> None:
     """A block of queries (B', h, rows, d) in the exact scheme, against the exact
     summary ``W`` (made of
-    :func:`~polaformer_mm.ops._pola_common.exact_key_features`) and its ``shifts``: the output
+    :func:`~.exact_scheme.exact_key_features`) and its ``shifts``: the output
     into ``out``, or, given ``grad_out``, the backward pass: the gradient of q into
     ``g_q``, those of W, p and ``log_scale`` added to ``g_W``, ``g_p`` and
     ``g_log_scale``. Per stream as the shared scheme's blocks do for both at once."""
@@ -239,14 +232,14 @@ def _key_summary(k: Tensor, v: Tensor, features) -> Tensor:
     return assemble_summary(kv.div_(n), k_sum.div_(n))
 
 
-def _key_grads(k: Tensor, v: Tensor, p: Tensor, gW: Tensor, features, g_k: Tensor, g_v: Tensor,
+def _key_grads(k: Tensor, v: Tensor, p: Tensor, g_W: Tensor, features, g_k: Tensor, g_v: Tensor,
                g_p: Tensor, g_log_scale: Optional[Tensor], accumulate: bool) -> None:
     """The gradients of k and v from that of W (made by :func:`_key_summary` of the
     same ``features(bs, ts)``, which here returns the planes with ``scaled`` and
     ``inv_x``), written into (or with ``accumulate`` added to) ``g_k`` and ``g_v``;
     those of p and ``log_scale`` added to ``g_p`` and ``g_log_scale``."""
     d, n = k.shape[-1], k.shape[-2]
-    g_kv, g_mean = summary_grads(gW, d)
+    g_kv, g_mean = summary_grads(g_W, d)
     g_kv.div_(n)
     g_mean.div_(n)
     for bs, ts in token_blocks(k):
@@ -283,7 +276,7 @@ class _PolaAttentionFunction(torch.autograd.Function):
 
     Two schemes of shifts. The shared one (every query row by its largest feature,
     all keys of a (batch, head) by theirs) serves every block whose denominators stay
-    above ``tiny * 2**50`` (:func:`~polaformer_mm.ops._pola_common.shared_shifts_lose_rows`):
+    above ``tiny * 2**50`` (:func:`~.shared_shifts.shared_shifts_lose_rows`):
     for moderate inputs and exponents, all of them. A block below that (large
     ``alpha``, magnitudes far apart) is computed with the exact scheme of
     :func:`_exact_block` instead, against a second key summary made only then, and so
@@ -316,7 +309,7 @@ class _PolaAttentionFunction(torch.autograd.Function):
         out = _output_like(q)
         exact_blocks = []
         for i, (bs, ts) in enumerate(token_blocks(q)):
-            eps_b = _batch_rows(eps, bs, (B, h))
+            eps_b = _eps_rows(eps, bs, (B, h))
             out_b = out[bs, :, ts]
             if W_x is None:  # the shared shifts, while every block so far kept its rows
                 num_den, inv_den = _query_block(q[bs, :, ts], p, W[bs], eps_b, shift_k[bs],
@@ -371,11 +364,11 @@ class _PolaAttentionFunction(torch.autograd.Function):
         # (z = 1 / the denominator of c's stream): dL/dnum_c = g_c z,
         # dL/dden = -z sum_c (g_c z) num_c.
         g_q = _output_like(q)
-        gW = torch.zeros_like(W)
-        gW_x = None if W_x is None else torch.zeros_like(W_x)
-        fast_blocks = 0
+        g_W = torch.zeros_like(W)
+        g_W_x = None if W_x is None else torch.zeros_like(W_x)
+        shared_blocks = 0
         for i, (bs, ts) in enumerate(token_blocks(q)):
-            eps_b = _batch_rows(eps, bs, (B, h))
+            eps_b = _eps_rows(eps, bs, (B, h))
             if i in exact_blocks:
                 _exact_block(
                     q[bs, :, ts],
@@ -386,41 +379,41 @@ class _PolaAttentionFunction(torch.autograd.Function):
                     log_scale,
                     grad_out=grad_out[bs, :, ts],
                     g_q=g_q[bs, :, ts],
-                    g_W=gW_x[bs],
+                    g_W=g_W_x[bs],
                     g_p=g_p,
                     g_log_scale=g_log_scale)
                 continue
-            fast_blocks += 1
+            shared_blocks += 1
             _shared_block_grads(q[bs, :, ts], p, W[bs], eps_b, shift_k[bs], log_scale,
-                                grad_out[bs, :, ts], g_q[bs, :, ts], gW[bs], g_p, g_log_scale)
+                                grad_out[bs, :, ts], g_q[bs, :, ts], g_W[bs], g_p, g_log_scale)
 
         # Keys, block by block: W holds [k+, k-]^T v / n and the key means, of the
-        # shared shifts (fast blocks) and of the exact ones (exact blocks).
+        # shared shifts (shared blocks) and of the exact ones (exact blocks).
         g_k, g_v = _output_like(k), _output_like(v)
-        if not fast_blocks and not exact_blocks:  # no query: the keys get 0
+        if not shared_blocks and not exact_blocks:  # no query: the keys get 0
             g_k.zero_()
             g_v.zero_()
-        if fast_blocks:
+        if shared_blocks:
 
             def shared(bs, ts):
                 kf, _, scaled, inv_x = scaled_features_for_backward(
                     k[bs, :, ts], p, per_row=False, shift=shift_k[bs], log_scale=log_scale)
                 return kf, scaled, inv_x
 
-            _key_grads(k, v, p, gW, shared, g_k, g_v, g_p, g_log_scale, accumulate=False)
+            _key_grads(k, v, p, g_W, shared, g_k, g_v, g_p, g_log_scale, accumulate=False)
         if exact_blocks:
             _key_grads(
                 k,
                 v,
                 p,
-                gW_x,
+                g_W_x,
                 lambda bs, ts: exact_key_features_for_backward(k[bs, :, ts], p, shifts[:, bs],
                                                                log_scale),
                 g_k,
                 g_v,
                 g_p,
                 g_log_scale,
-                accumulate=fast_blocks > 0)
+                accumulate=shared_blocks > 0)
         s = torch.sigmoid(power)
         g_power = g_p.mul_(s * (1 - s) * alpha)
         g_scale = None
@@ -474,97 +467,14 @@ def beyond_shared_shifts(shifts: Tensor, shift_k: Tensor) -> bool:
     return bool((present & (shifts - shift_k < exp_floor(shifts.dtype))).any())
 
 
-def _autograd_function_path(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: float,
-                            eps: EpsType, scale: Optional[Tensor]) -> Tensor:
-    """:class:`_PolaAttentionFunction` with eps, power and scale in q's dtype and device."""
+def pola_linear_attention_blocked(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: float,
+                                  eps: EpsType, scale: Optional[Tensor]) -> Tensor:
+    """:class:`_PolaAttentionFunction` for checked arguments of one floating dtype
+    (those of :func:`~.formulation.pola_linear_attention_plain`), with eps, power and
+    scale taken to q's dtype and device. Returns (B, h, N, d) in q's memory layout."""
     if isinstance(eps, Tensor):
         eps = eps.to(device=q.device, dtype=q.dtype)
     power = power.to(q.dtype)
     if scale is not None:
         scale = scale.to(q.dtype)
     return _PolaAttentionFunction.apply(q, k, v, power, alpha, eps, scale)
-
-
-def _plain_features(x: Tensor, p: Tensor, log_scale: Optional[Tensor],
-                    per_row: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    """:func:`~polaformer_mm.ops._pola_common.scaled_features` in out-of-place
-    operations: ``(x+, x-, M)``."""
-    scaled = torch.log(torch.abs(x).clamp_min(torch.finfo(x.dtype).tiny))
-    if log_scale is not None:
-        scaled = scaled - log_scale
-    scaled = scaled * p
-    # max over dims, one at a time (ReduceMax of every ONNX opset)
-    shift = scaled.max(dim=-1, keepdim=True)[0]
-    if not per_row:
-        shift = shift.max(dim=-2, keepdim=True)[0]
-    shift = shift.clamp_min(0)
-    signed = torch.exp((scaled - shift).clamp_min(exp_floor(x.dtype))) * torch.sign(x)
-    return torch.relu(signed), torch.relu(-signed), shift
-
-
-def _plain_formulation(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: float, eps: EpsType,
-                       scale: Optional[Tensor]) -> Tensor:
-    """The torch path's computation (the same features, shifts, floors and scaled eps)
-    in plain out-of-place tensor operations, for graph captures (jit trace, ONNX
-    export, ``torch.compile``, ``torch.export``): no autograd Function, no blocks, no
-    in-place writes and no Python use of sizes, so a captured graph records every
-    step and serves any token count. Autograd differentiates it as it stands.
-
-    With ``K = [k+, k-]`` and ``Q = [q+, q-]`` (features scaled as in the torch path),
-    stream c (its value channels ``v_c``) is ``Q W_c`` with ``W_c = [K^T v_c / n,
-    mean(K)]``, the rows of k+ and k- swapped for the opposite stream; the last column
-    is the denominator. The same matrix products as the torch path's (``K^T v`` and
-    ``Q W``), which FLOP counters of a trace count as the op's.
-    """
-    if isinstance(eps, Tensor):
-        eps = eps.to(q.dtype)
-    p = pola_exponent(power, alpha)
-    log_scale = None if scale is None else torch.log(scale)
-    q_pos, q_neg, shift_q = _plain_features(q, p, log_scale, per_row=True)
-    k_pos, k_neg, shift_k = _plain_features(k, p, log_scale, per_row=False)
-    queries = torch.cat([q_pos, q_neg], dim=-1)  # (B, h, N, 2d)
-    keys_t = torch.cat([k_pos, k_neg], dim=-1).transpose(-2, -1)  # (B, h, 2d, n)
-    k_mean = keys_t.mean(dim=-1, keepdim=True)
-    inv_n = 1. / k.shape[-2]
-    eps_scaled = torch.exp((-(shift_q + shift_k)).clamp_min(exp_floor(q.dtype)))
-    eps_scaled = (eps_scaled * eps).clamp_min(torch.finfo(q.dtype).tiny)
-    outs = []
-    # torch.chunk(v, 2, -1): v1 the first ceil(d/2) channels, v2 the rest (none at d == 1)
-    for i, values in enumerate(torch.chunk(v, 2, dim=-1)):
-        summary = torch.cat([torch.matmul(keys_t, values) * inv_n, k_mean], dim=-1)
-        if i == 1:  # opposite signs: q+ meets k-, q- meets k+
-            summary = torch.cat(summary.chunk(2, dim=-2)[::-1], dim=-2)
-        num_den = torch.matmul(queries, summary)  # the numerators, then the denominator
-        outs.append(num_den[..., :-1] * torch.reciprocal(num_den[..., -1:] + eps_scaled))
-    return torch.cat(outs, dim=-1)
-
-
-def pola_linear_attention_torch(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: float,
-                                eps: EpsType, scale: Optional[Tensor]) -> Tensor:
-    """The torch backend for arguments that
-    :func:`~polaformer_mm.ops._pola_common.check_inputs` has checked: half precision,
-    mixed dtypes and calls under autocast computed in float32, the result in q's dtype;
-    a graph capture records the plain formulation.
-
-    Args:
-        q (Tensor): queries (B, h, N, d).
-        k (Tensor): keys (B, h, n, d).
-        v (Tensor): values (B, h, n, d).
-        power (Tensor): the raw exponent parameter (1, h, 1, d).
-        alpha (float): the exponent is ``1 + alpha * sigmoid(power)``.
-        eps (float | Tensor): a float or a tensor broadcastable to (B, h, 1, 1).
-        scale (Tensor, optional): the (1, h, 1, d) divisor of q and k, folded into the
-            features.
-
-    Returns:
-        Tensor: (B, h, N, d) in q's dtype and memory layout.
-    """
-    path = _plain_formulation if in_graph_capture() else _autograd_function_path
-    low_precision = (torch.float16, torch.bfloat16)
-    if (q.dtype in low_precision or is_autocast_enabled(q.device.type)
-            or not q.dtype == k.dtype == v.dtype):
-        with torch.autocast(q.device.type, enabled=False):
-            out = path(q.float(), k.float(), v.float(), power.float(), alpha, eps,
-                       None if scale is None else scale.float())
-        return out.to(q.dtype)
-    return path(q, k, v, power, alpha, eps, scale)
