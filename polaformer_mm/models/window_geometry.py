@@ -61,7 +61,7 @@ def window_shift(hw_shape: Sequence, window_size: int, shifted: bool):
     if not shifted:
         return 0
     if isinstance(H, Tensor):
-        return (torch.minimum(H, W) > window_size).long() * (window_size // 2)
+        return (torch.minimum(H, W) > window_size).to(torch.long) * (window_size // 2)
     return window_size // 2 if min(H, W) > window_size else 0
 
 
@@ -92,9 +92,9 @@ def window_layout(H, W, window_size: int, shift, device: torch.device):
     from_windows = (window * (ws * ws) + ((i % ws) * ws)[:, None] + (j % ws)[None, :]).reshape(-1)
 
     def region(pos: Tensor, size) -> Tensor:  # shift regions 0 | 1 | 2 along one axis
-        ids = (pos >= size - ws).long() + (pos >= size - shift).long()
+        ids = (pos >= size - ws).to(torch.long) + (pos >= size - shift).to(torch.long)
         if isinstance(shift, Tensor):
-            return ids * (shift > 0).long()
+            return ids * (shift > 0).to(torch.long)
         return ids if shift else torch.zeros_like(ids)
 
     ids = region(torch.arange(Hp, device=device), Hp)[:, None] * 3 + region(
