@@ -27,6 +27,11 @@ dataset, with counts and the first few file names:
   the classes (errors), maps with only ignored pixels and classes never seen (warnings),
   a training set whose every decoded map holds only ignored pixels (error).
 * other datasets (mmpretrain, ...): only that the annotation file / data folder exists.
+* with ``deep=True`` (``tools/misc/check_dataset.py --deep``, config key
+  ``deep_dataset_check = True`` for ``tools/train.py``) also, for every image (and
+  segmentation map), that the file can be used and its size: zero-byte, unreadable, cut
+  short, a size other than the annotation file's, a map of another size than its image
+  (errors; :mod:`.dataset_deep`).
 
 Cost, kept low enough for COCO (118k images, 860k annotations): the annotation JSON is
 read once; files are never opened or stat'ed one by one: each image folder is listed once
@@ -313,9 +318,14 @@ def _check_images(report: DatasetReport, images: list) -> list:
     return images
 
 
-def check_coco(report: DatasetReport, ds_cfg: dict, cls, pipelines: Sequence,
-               training: bool) -> None:
-    """Fill ``report`` for an mmdet COCO-style dataset (see the module notes)."""
+def check_coco(report: DatasetReport,
+               ds_cfg: dict,
+               cls,
+               pipelines: Sequence,
+               training: bool,
+               deep: bool = False) -> None:
+    """Fill ``report`` for an mmdet COCO-style dataset (see the module notes; ``deep``:
+    also open every image's header, :mod:`.dataset_deep`)."""
     loaded = _load_coco(report, ds_cfg)
     if loaded is None:
         return
@@ -333,6 +343,10 @@ def check_coco(report: DatasetReport, ds_cfg: dict, cls, pipelines: Sequence,
 
     images = _check_images(report, images)
     _check_image_files(report, ds_cfg, images)
+    if deep and not _remote(ds_cfg):
+        from .dataset_deep import check_coco_images
+        prefix = (ds_cfg.get('data_prefix') or {}).get('img', '')
+        check_coco_images(report, _join(ds_cfg.get('data_root'), prefix), images)
     masks = _loads_masks(list(ds_cfg.get('pipeline', []) or []) + list(pipelines))
     scan = _CocoScan(images, cats, masks, raw)
     scan.scan(anns)
@@ -672,9 +686,11 @@ def check_segmentation(report: DatasetReport,
                        ds_cfg: dict,
                        cls,
                        seg_sample: Optional[int] = 64,
-                       training: bool = False) -> None:
+                       training: bool = False,
+                       deep: bool = False) -> None:
     """Fill ``report`` for an mmseg image / segmentation-map dataset (``training``: the
-    training set, which must hold a pixel to learn from)."""
+    training set, which must hold a pixel to learn from; ``deep``: also open the header
+    of every image and map, :mod:`.dataset_deep`)."""
     layout = _SegLayout(ds_cfg, cls)
     classes = layout.classes
     report.summary = f'{ds_cfg.get("type")}, {layout.img_dir}'
@@ -698,6 +714,11 @@ def check_segmentation(report: DatasetReport,
             'error', f'images without a segmentation map (under {layout.seg_dir}, '
             f'suffix {layout.seg_suffix!r})', no_map)
     present = [s for s in seg_files if s not in set(no_map)]
+    if deep:
+        from .dataset_deep import check_seg_pairs
+        pairs = [(n, m) for n, m in zip(names, seg_files)
+                 if m in set(present) and osp.isfile(osp.join(layout.img_dir, n))]
+        check_seg_pairs(report, layout.img_dir, layout.seg_dir, pairs)
     if not present:
         return
     if seg_sample is not None and len(present) > seg_sample:
@@ -825,9 +846,10 @@ def check_other(report: DatasetReport, ds_cfg: dict) -> None:
 
 
 def check_datasets(
-    cfg,
-    seg_sample: Optional[int] = 64,
-    splits: Sequence[str] = ('train', 'val', 'test')
+        cfg,
+        seg_sample: Optional[int] = 64,
+        splits: Sequence[str] = ('train', 'val', 'test'),
+        deep: bool = False,
 ) -> List[DatasetReport]:
     """Check the datasets of ``cfg``'s dataloaders (see the module notes).
 
@@ -836,6 +858,9 @@ def check_datasets(
         seg_sample (int, optional): segmentation maps decoded per dataset (evenly spread);
             None decodes all. Default: 64.
         splits (sequence of str): which dataloaders. Default: train, val and test.
+        deep (bool): also open the header of every image (and segmentation map):
+            empty, unreadable and cut-short files, sizes that differ from the annotation
+            file or from the image (:mod:`.dataset_deep`). Default: False.
 
     Returns:
         list[DatasetReport]: one per dataset (a test set equal to the val set once).
@@ -870,9 +895,10 @@ def check_datasets(
             try:
                 if scope == 'mmdet' and cls is not None and _is_coco(cls) and str(
                         ds_cfg.get('ann_file', '')).endswith('.json'):
-                    check_coco(report, ds_cfg, cls, pipelines, training=split == 'train')
+                    check_coco(report, ds_cfg, cls, pipelines, training=split == 'train', deep=deep)
                 elif scope == 'mmseg' and cls is not None and _is_seg(cls):
-                    check_segmentation(report, ds_cfg, cls, seg_sample, training=split == 'train')
+                    check_segmentation(
+                        report, ds_cfg, cls, seg_sample, training=split == 'train', deep=deep)
                 else:
                     check_other(report, ds_cfg)
             finally:
@@ -914,7 +940,8 @@ def format_reports(reports: Sequence[DatasetReport], title: str = '') -> str:
 
 def check_before_training(cfg,
                           seg_sample: Optional[int] = 64,
-                          verbose: bool = True) -> List[DatasetReport]:
+                          verbose: bool = True,
+                          deep: Optional[bool] = None) -> List[DatasetReport]:
     """Run :func:`check_datasets` on the datasets training uses (train and val) for
     ``tools/train.py``: print the report (on rank 0 of a distributed launch) and raise
     :class:`DatasetCheckError` on errors.
@@ -923,11 +950,15 @@ def check_before_training(cfg,
         cfg (Config): the training config.
         seg_sample (int, optional): as for :func:`check_datasets`. Default: 64.
         verbose (bool): print the report when there is no error. Default: True.
+        deep (bool, optional): as for :func:`check_datasets`. Default: None, which
+            reads the config key ``deep_dataset_check`` (False when absent).
 
     Returns:
         list[DatasetReport]: the reports.
     """
-    reports = check_datasets(cfg, seg_sample=seg_sample, splits=('train', 'val'))
+    if deep is None:
+        deep = bool(cfg.get('deep_dataset_check', False))
+    reports = check_datasets(cfg, seg_sample=seg_sample, splits=('train', 'val'), deep=deep)
     text = format_reports(reports)
     if any(r.errors for r in reports):
         raise DatasetCheckError(

@@ -9,6 +9,7 @@ import datetime
 import json
 import os
 import os.path as osp
+import re
 import sys
 from typing import Callable, Optional
 
@@ -18,6 +19,8 @@ from mmengine.config import Config, ConfigDict, DictAction
 from ..utils.checkpoint_io import CheckpointError, require_checkpoint
 from .checkpoint_fit import CheckpointMismatchError
 from .dataset_check import DatasetCheckError
+from .divergence import TrainingDivergedError
+from .image_check import ImageError
 from .model_check import ModelConfigError
 from .work_dir_lock import WorkDirLockedError
 
@@ -25,8 +28,21 @@ TASKS = ('mmdet', 'mmseg', 'mmpretrain')
 
 #: Errors that name a problem of the user's input (a checkpoint that is no checkpoint or
 #: does not fit, parts of a model config that do not fit together, a work dir in use by
-#: another run): the tools print their message and exit, without a traceback.
-USER_ERRORS = (CheckpointError, CheckpointMismatchError, ModelConfigError, WorkDirLockedError)
+#: another run, a training that diverged): the tools print their message and exit,
+#: without a traceback.
+USER_ERRORS = (CheckpointError, CheckpointMismatchError, ModelConfigError, WorkDirLockedError,
+               TrainingDivergedError, ImageError)
+
+
+def user_message(err: BaseException) -> str:
+    """The message of a named error; for one raised in a DataLoader worker (which torch
+    re-raises with the worker's traceback as its text) the worker's own message."""
+    text = str(err)
+    if 'Original Traceback' in text:
+        last = text.strip().splitlines()[-1]
+        prefix = f'{type(err).__name__}: '
+        text = last[len(prefix):] if last.startswith(prefix) else last
+    return text
 
 
 def task_of(cfg: Config) -> str:
@@ -94,16 +110,80 @@ def run(cfg: Config, action: Callable):
         finish(succeeded)
 
 
+#: set to 1 to see the traceback of the errors :func:`run_tool` prints as one message
+TRACEBACK_ENV = 'POLAFORMER_MM_TRACEBACK'
+_PROJECT_DIRS = tuple(
+    osp.join(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))), d) + os.sep
+    for d in ('polaformer_mm', 'tools'))
+# mmengine's registry re-raises an error of a class it builds as
+# "class `Name` in package/module.py: message", once per level of nesting
+_BUILD_ERROR = re.compile(r'class `(\w+)` in (polaformer_mm/[\w/]+)\.py: ')
+
+
+def _frames(err: BaseException) -> list:
+    """The frames of ``err``'s traceback, innermost first."""
+    frames, tb = [], err.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    return frames[::-1]
+
+
+def _project_class(frames: list) -> Optional[type]:
+    """The class of the project whose construction raised: the innermost ``__init__`` of
+    a project object, or the class mmengine's registry was calling when the call itself
+    failed (a misspelt argument)."""
+
+    def ours(cls):
+        return isinstance(cls, type) and cls.__module__.startswith('polaformer_mm.')
+
+    if frames and ours(frames[0].f_locals.get('obj_cls')):
+        return frames[0].f_locals['obj_cls']
+    for frame in frames:
+        if frame.f_code.co_name == '__init__' and ours(type(frame.f_locals.get('self'))):
+            return type(frame.f_locals['self'])
+    return None
+
+
+def named_error_message(err: BaseException) -> Optional[str]:
+    """The one-line message of an error that names a problem of the input, None for
+    any other error (which keeps its traceback): the :data:`USER_ERRORS`, the argument
+    errors of the project's classes (backbones: prefixed with the class and config key),
+    and the ``ValueError`` / ``TypeError`` / ``KeyError`` / ``RuntimeError`` /
+    ``FileNotFoundError`` that the project's own code (package and tools) raises."""
+    if isinstance(err, USER_ERRORS):
+        return user_message(err)
+    if not isinstance(err, (ValueError, TypeError, KeyError, RuntimeError, FileNotFoundError)):
+        return None
+    text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
+    found = list(_BUILD_ERROR.finditer(text))
+    if found:  # mmengine's registry named the class: its own message after the prefixes
+        text = text[found[-1].end():]
+    frames = _frames(err)
+    cls = _project_class(frames)
+    if cls is not None:
+        from ..models.backbones.base import PolaBackboneBase
+        key = ' (model.backbone)' if issubclass(cls, PolaBackboneBase) else ''
+        return f'{cls.__name__}{key}: {text}'
+    if found or (frames and osp.abspath(frames[0].f_code.co_filename).startswith(_PROJECT_DIRS)):
+        return text
+    return None
+
+
 def run_tool(main: Callable, prog: str) -> None:
     """Run a tool's ``main()`` as a command: a dataset-check report or an error that
-    names a problem of the input (:data:`USER_ERRORS`) ends it with that message
-    (``prog: error: ...``) and no traceback."""
+    names a problem of the input (:func:`named_error_message`) ends it with that message
+    (``prog: error: ...``) and no traceback; ``POLAFORMER_MM_TRACEBACK=1`` shows the
+    traceback too."""
     try:
         main()
     except DatasetCheckError as err:  # the report, without a traceback
         sys.exit(str(err))
-    except USER_ERRORS as err:  # a named problem of the input, without a traceback
-        sys.exit(f'{prog}: error: {err}')
+    except Exception as err:
+        message = named_error_message(err)
+        if message is None or os.environ.get(TRACEBACK_ENV) == '1':
+            raise
+        sys.exit(f'{prog}: error: {message}')
 
 
 def _common(cfg: Config,

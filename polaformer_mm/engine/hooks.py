@@ -46,13 +46,26 @@ class ResumableStateHook(Hook):
     Before a checkpoint is written, it stores the Python, numpy, torch (and CUDA) random
     states under ``checkpoint['rng_states']`` (of every rank when an epoch-based
     distributed run saves at an epoch end) and converts the message hub and meta to
-    weights-only loadable data. When the runner
-    resumes from such a checkpoint, the states are put back at the start of the next
-    training epoch. An epoch-based run interrupted after an epoch then continues
-    exactly as the uninterrupted run would have (data order, augmentations, dropout).
-    Iteration-based loops re-read the skipped batches on resume, which draws from the
-    random generators, so there the resumed augmentations differ from the
-    uninterrupted run's (the data order does not).
+    weights-only loadable data. When the runner resumes from such a checkpoint, the
+    states are put back where the uninterrupted run would continue from them:
+
+    * epoch-based loops: at the start of the next training epoch;
+    * iteration-based loops: after the loop has re-read the batches it skips, just
+      before the first batch that is trained again.
+
+    So that the uninterrupted run continues from the same states, whatever runs between
+    a training step and the next one does not change the training's random streams:
+
+    * validation (and what runs inside it: visualisers, metrics) is transparent: the
+      states are saved when it starts and put back when it ends (iterating a
+      DataLoader draws a seed from torch's global generator, for instance);
+    * an epoch-based loop starts every epoch from the states recorded at the end of
+      the previous one (the states its checkpoint holds), whatever hooks drew in between.
+
+    A run resumed from a checkpoint then ends with the weights of the uninterrupted run,
+    bit for bit, on one thread with ``num_workers=0`` or fresh workers per epoch (worker
+    processes that persist across epochs, or the workers of an iteration-based loop, keep
+    random states of their own that no checkpoint holds).
     """
 
     # before CheckpointHook (VERY_LOW) in after_train_epoch; after the hooks that add
@@ -62,38 +75,96 @@ class ResumableStateHook(Hook):
     def __init__(self) -> None:
         self._pending = None
         self._gathered = None
+        self._epoch_end = None  # (epoch, this rank's states) between two epochs
+        self._before_val = []  # states saved when a validation started (nested: a stack)
 
     def after_train_epoch(self, runner) -> None:
-        """Gather every rank's random states before rank 0 saves the checkpoint."""
+        """Record the random states the next epoch starts from (gathered from every rank
+        before rank 0 saves the checkpoint)."""
+        state = _rng_state()
+        self._epoch_end = (runner.epoch, state)
         # Runner.save_checkpoint runs on rank 0 only, so the ranks' states are collected
         # here, where every rank passes, just before CheckpointHook saves
         if get_world_size() > 1:
-            self._gathered = (runner.epoch, all_gather_object(_rng_state()))
+            self._gathered = (runner.epoch, all_gather_object(state))
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         """Store the random states and make the checkpoint weights-only loadable."""
         if get_world_size() == 1:
-            checkpoint['rng_states'] = [_rng_state()]
+            checkpoint['rng_states'] = [self._training_state()]
         elif self._gathered is not None and self._gathered[0] == runner.epoch:
             checkpoint['rng_states'] = self._gathered[1]
         self._gathered = None
+        optimizer = getattr(runner.optim_wrapper, 'optimizer', None)
+        if optimizer is not None and isinstance(checkpoint.get('meta'), dict):
+            checkpoint['meta']['optimizer_type'] = type(optimizer).__name__
         for key in ('meta', 'message_hub', 'param_schedulers'):
             if key in checkpoint:
                 checkpoint[key] = to_weights_only_safe(checkpoint[key])
 
+    def _training_state(self) -> dict:
+        """The random states training continues from: between two epochs those recorded
+        at the end of the first, during a validation those from before it."""
+        if self._epoch_end is not None:
+            return self._epoch_end[1]
+        return self._before_val[0] if self._before_val else _rng_state()
+
     def set_pending(self, checkpoint: dict) -> bool:
-        """Remember the random states of ``checkpoint`` for the next epoch start; False
-        when it holds none for this number of processes."""
+        """Remember the random states of ``checkpoint`` for where training continues;
+        False when it holds none for this number of processes."""
         states = checkpoint.get('rng_states')
         ok = bool(states) and len(states) == get_world_size()
         self._pending = states[get_rank()] if ok else None
         return ok
 
     def before_train_epoch(self, runner) -> None:
-        """Restore the random states of the checkpoint a run resumed from."""
-        if self._pending is not None:
-            _set_rng_state(self._pending)
-            self._pending = None
+        """Put back the random states training continues from: those of the checkpoint
+        a run resumed from, or those recorded at the end of the previous epoch."""
+        pending, self._pending = self._pending, None
+        epoch_end, self._epoch_end = self._epoch_end, None
+        loop = runner.train_loop
+        if pending is not None and runner.iter > 0 and hasattr(loop, 'dataloader_iterator'):
+            # an iteration-based loop re-reads runner.iter batches before it trains again
+            loop.dataloader_iterator = _RestoreAfterSkip(loop, runner.iter, pending)
+        elif pending is not None:
+            _set_rng_state(pending)
+        elif epoch_end is not None:
+            _set_rng_state(epoch_end[1])
+
+    def before_val(self, runner) -> None:
+        """Save the random states: validation does not change the training's."""
+        self._before_val.append(_rng_state())
+
+    def after_val(self, runner) -> None:
+        """Put back the random states saved when validation started."""
+        if self._before_val:
+            _set_rng_state(self._before_val.pop())
+
+
+class _RestoreAfterSkip:
+    """Stands in for an iteration-based loop's data iterator while it re-reads the
+    ``skip`` batches that a resumed run skips, then puts back the random states of the
+    checkpoint, just before the next batch is read, and gives the loop its iterator back."""
+
+    def __init__(self, loop, skip: int, state: dict) -> None:
+        self._loop = loop
+        self._iterator = loop.dataloader_iterator
+        self._skip = skip
+        self._state = state
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._skip > 0:
+            self._skip -= 1
+            return next(self._iterator)
+        _set_rng_state(self._state)
+        self._loop.dataloader_iterator = self._iterator
+        return next(self._iterator)
+
+    def __getattr__(self, name):
+        return getattr(self._iterator, name)
 
 
 class _DeferredRemoval:

@@ -12,7 +12,12 @@
   :class:`~.hooks.PolaCheckpointHook`, which deletes old checkpoints only after the new
   one and ``last_checkpoint`` are complete: a kill at any moment leaves a resumable work
   dir.
-* Resuming restores the random states (:class:`ResumableStateHook`).
+* Resuming restores the random states (:class:`ResumableStateHook`); validation between
+  a checkpoint and the next step does not change them.
+* A loss or gradient norm that is not finite stops training with one message
+  (:class:`~.divergence.DivergenceGuardHook`; config ``divergence_guard = False`` turns it
+  off); a checkpoint of weights that are not finite is never written, and loading one
+  warns.
 * One live run per work dir: the runner takes ``<work_dir>/run.lock`` before anything
   is written there (rank 0 of a distributed run) and gives it back when ``train()``,
   ``val()`` or ``test()`` ends; a second run on the same work dir stops at once with
@@ -21,6 +26,11 @@
 * The model's neck (or, without one, a segmentor's heads) must take the channels the
   Pola backbone returns: a mismatch is a :class:`~.model_check.ModelConfigError` naming
   both channel lists when the model is built (:func:`~.model_check.check_model_channels`).
+* An image that cannot be read or transformed stops training, validation or testing with
+  an error naming the file and the reason (:mod:`.image_check`).
+* Every head's ``num_classes`` must match the classes of the data a run reads: a mismatch
+  is a :class:`~.model_check.ModelConfigError` naming both numbers and config keys before
+  training, validation or testing starts (:func:`~.class_check.check_num_classes`).
 * Without CUDA, ``AmpOptimWrapper`` configs train in float32 (a warning says so).
 * Distributed training without CUDA: the process group is created with gloo (no
   ``torch.cuda.set_device``), SyncBN layers are reverted to BN, and DDP gets no
@@ -46,8 +56,14 @@ from torch.nn.parallel import DistributedDataParallel
 from ..utils.checkpoint_io import CheckpointError, atomic_write, load_checkpoint
 from ..utils.mmcv_ops import check_mmcv_cuda_ops
 from .checkpoint_fit import check_checkpoint_fits, checkpoint_state_dict, describe_mismatch
+from .class_check import check_num_classes
+from .divergence import CONFIG_KEY as DIVERGENCE_GUARD_KEY
+from .divergence import DivergenceGuardHook, describe_non_finite, non_finite_tensors
 from .hooks import PolaCheckpointHook, ResumableStateHook
+from .image_check import name_image_errors
 from .model_check import check_model_channels
+from .resume_check import (apply_config_values, compare_optimizer, config_values,
+                           difference_message, latest_checkpoint, resume_winner)
 from .runner_state import restore_runner_state, restore_scheduler_state
 from .work_dir_lock import lock_work_dir
 
@@ -91,6 +107,10 @@ class PolaRunner(Runner):
         else:
             self._state_hook = ResumableStateHook()
             self.register_hook(self._state_hook)
+        self._guard = next((h for h in self._hooks if isinstance(h, DivergenceGuardHook)), None)
+        if self._guard is None and self.cfg.get(DIVERGENCE_GUARD_KEY, True):
+            self._guard = DivergenceGuardHook()
+            self.register_hook(self._guard)
 
     # -- distributed set-up ----------------------------------------------------------
     def setup_env(self, env_cfg: dict) -> None:
@@ -125,15 +145,26 @@ class PolaRunner(Runner):
                 self._unlock_work_dir()
 
     def train(self):
-        """mmengine's ``train()``, holding the work dir's lock (released at the end)."""
-        return self._locked_run(super().train)
+        """mmengine's ``train()``, holding the work dir's lock (released at the end); an
+        error of the Pola op about inputs that are not finite becomes a
+        :class:`~.divergence.TrainingDivergedError` naming the layer."""
+        check_num_classes(self.model, self.cfg, ('train', 'val'))
+        try:
+            return self._locked_run(super().train)
+        except ValueError as err:
+            diverged = self._guard.explain(self, err) if self._guard is not None else None
+            if diverged is None:
+                raise
+            raise diverged from err
 
     def val(self):
         """mmengine's ``val()``, holding the work dir's lock (released at the end)."""
+        check_num_classes(self.model, self.cfg, ('val', ))
         return self._locked_run(super().val)
 
     def test(self):
         """mmengine's ``test()``, holding the work dir's lock (released at the end)."""
+        check_num_classes(self.model, self.cfg, ('test', ))
         return self._locked_run(super().test)
 
     def _init_cpu_process_group(self, env_cfg: dict) -> None:
@@ -185,6 +216,14 @@ class PolaRunner(Runner):
         if issubclass(MODEL_WRAPPERS.get(cfg['type']), DistributedDataParallel):
             default_args['device_ids'] = None
         return MODEL_WRAPPERS.build(cfg, default_args=default_args)
+
+    @staticmethod
+    def build_dataloader(dataloader, *args, **kwargs):
+        """mmengine's, with the dataset's pipeline naming images that cannot be read or
+        transformed (:func:`~.image_check.name_image_errors`)."""
+        loader = Runner.build_dataloader(dataloader, *args, **kwargs)
+        name_image_errors(getattr(loader, 'dataset', None))
+        return loader
 
     def build_optim_wrapper(self, optim_wrapper):
         """mmengine's optimizer wrapper; ``AmpOptimWrapper`` falls back to float32
@@ -262,6 +301,8 @@ class PolaRunner(Runner):
                                   f'{type(checkpoint).__name__}, not a dict of tensors')
         if self._resuming:
             self._require_resumable(checkpoint, filename)
+            self._compare_optimizer(checkpoint, filename)
+        self._warn_non_finite(checkpoint, filename)
         if 'message_hub' in checkpoint:
             checkpoint['message_hub'] = restore_runner_state(checkpoint['message_hub'])
         if 'param_schedulers' in checkpoint:
@@ -290,6 +331,15 @@ class PolaRunner(Runner):
                                     'another number of processes; they are not restored')
         return checkpoint
 
+    def _warn_non_finite(self, checkpoint: dict, filename: str) -> None:
+        state = checkpoint.get('state_dict', checkpoint)
+        bad = non_finite_tensors(state) if isinstance(state, dict) else []
+        if bad:
+            self.logger.warning(
+                f'checkpoint {filename} holds weights that are not finite (NaN or infinity): '
+                f'{describe_non_finite(bad, len(state))}; it was written by a run that '
+                'diverged, and what it predicts or trains from it is meaningless')
+
     @staticmethod
     def _require_resumable(checkpoint: dict, filename: str) -> None:
         meta = checkpoint.get('meta')
@@ -305,10 +355,38 @@ class PolaRunner(Runner):
                 "--resume (backbone weights: model.backbone.init_cfg=dict(type='Pretrained', "
                 'checkpoint=...)).')
 
+    def _compare_optimizer(self, checkpoint: dict, filename: str) -> None:
+        """Before mmengine restores the optimizer: another optimizer type is an error;
+        another lr / weight decay is reported (and, with ``resume_optimizer_from='config'``,
+        put back after the resume)."""
+        winner = resume_winner(self.cfg)
+        differences, _ = compare_optimizer(self.optim_wrapper, checkpoint, filename)
+        self._config_optimizer_values = config_values(self.optim_wrapper) if differences and \
+            winner == 'config' else None
+        if differences:
+            self.logger.warning(difference_message(differences, filename, winner))
+
     def resume(self, filename: str, *args, **kwargs) -> None:
-        """mmengine's resume, which also restores the random states of ``filename``."""
+        """mmengine's resume, which also restores the random states of ``filename`` and
+        compares the optimizer with the checkpoint's (:mod:`.resume_check`)."""
         self._resuming = True
+        self._config_optimizer_values = None
         try:
             super().resume(filename, *args, **kwargs)
         finally:
             self._resuming = False
+        if self._config_optimizer_values:
+            apply_config_values(self.optim_wrapper, self.param_schedulers,
+                                self._config_optimizer_values)
+
+    def load_or_resume(self) -> None:
+        """mmengine's, but ``--resume`` without a checkpoint reads ``last_checkpoint``
+        inside the work dir (a copied or moved work dir resumes from its own files)."""
+        if not self._has_loaded and self._resume and self._load_from is None:
+            path, note = latest_checkpoint(self.work_dir)
+            if note:
+                self.logger.warning(note)
+            if path:
+                self.logger.info(f'Resuming from the latest checkpoint {path}')
+                self._load_from = path
+        return super().load_or_resume()

@@ -27,8 +27,10 @@ is an error naming the keys and the likely cause). ``--allow-partial`` (config:
 ``allow_partial_load = True``) loads what fits, and a warning says that the rest of the
 model keeps its random initialisation.
 
-An image that the config's test pipeline cannot resize (a side would shrink below one
-pixel, e.g. 10000 x 10 pixels for a 128-pixel scale) is an error naming both sizes.
+An image that cannot be read (an empty file, a truncated JPEG / PNG, not an image) is
+an error naming the file and the reason. An image that the config's test pipeline cannot
+resize (a side would shrink below one pixel, e.g. 10000 x 10 pixels for a 128-pixel
+scale) is an error naming both sizes.
 Problems of the input end the command with a one-line message (no traceback).
 """
 import argparse
@@ -49,9 +51,11 @@ from mmengine.runner.checkpoint import _load_checkpoint_to_model
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 import polaformer_mm  # noqa: F401  (registers the backbones)
+from polaformer_mm.engine import entry
 from polaformer_mm.engine.checkpoint_fit import (check_checkpoint_fits, checkpoint_state_dict,
                                                  describe_mismatch)
 from polaformer_mm.engine.entry import USER_ERRORS, load_config, task_of  # noqa: E402
+from polaformer_mm.engine.image_check import image_problem  # noqa: E402
 from polaformer_mm.engine.model_check import check_model_channels  # noqa: E402
 from polaformer_mm.utils.checkpoint_io import load_checkpoint, require_checkpoint  # noqa: E402
 
@@ -236,6 +240,9 @@ def main(argv: Optional[List[str]] = None) -> dict:
     args = parse_args(argv)
     if not osp.isfile(args.image):
         raise FileNotFoundError(f'image file not found: {args.image}')
+    problem = image_problem(args.image)  # before mmcv.imread, whose errors name no file
+    if problem is not None:
+        raise DemoInputError(f'image {args.image}: {problem}')
     image = mmcv.imread(args.image)
     if image is None:
         raise DemoInputError(f'{args.image} is not an image file that OpenCV can read')
@@ -289,3 +296,8 @@ if __name__ == '__main__':
     except (*USER_ERRORS, DemoInputError, FileNotFoundError) as err:
         # a named problem of the input: the message, no traceback
         sys.exit(f'image_demo.py: error: {err}')
+    except Exception as err:  # the project's named errors (e.g. a backbone's arguments)
+        message = entry.named_error_message(err)
+        if message is None or os.environ.get(entry.TRACEBACK_ENV) == '1':
+            raise
+        sys.exit(f'image_demo.py: error: {message}')

@@ -16,6 +16,27 @@ from ..utils import (Mlp, PatchEmbed, StagePositionalEncodings, drop_path_rates,
 from .base import PolaBackboneBase, check_positive_int
 
 
+def check_window_fits(window_size: int, attn_types: str, grids: Sequence[Tuple[int, int]],
+                      pretrain_img_size) -> None:
+    """A ValueError naming ``window_size`` when it is larger than the map of every 'S'
+    stage at ``pretrain_img_size`` (``grids``): every window would be mostly padding, and
+    softmax attention over it costs the square of its token count (``window_size=100``
+    pads a 2x2 map to 10000 tokens attending to 10000). Refused rather than clamped: the
+    relative-position table is learned at the configured size, so a clamped window would be
+    another model than the config and its checkpoints describe."""
+    sides = [max(grids[i]) for i, kind in enumerate(attn_types) if kind == 'S']
+    if sides and window_size > max(sides):
+        stages = [i for i, kind in enumerate(attn_types) if kind == 'S']
+        maps = ', '.join(f'{grids[i][0]}x{grids[i][1]}' for i in stages)
+        raise ValueError(
+            f'window_size={window_size} is larger than the map of every \'S\' stage '
+            f'(stages {stages}: {maps} tokens at pretrain_img_size={pretrain_img_size}): each '
+            f'window would be padded to {window_size}x{window_size} tokens, and softmax '
+            f'attention over {window_size**2} tokens per window needs memory growing with '
+            f'its square. Use window_size <= {max(sides)} (the official models use 7, the '
+            '384 Swin-B 12), or set pretrain_img_size to the size the model is trained at')
+
+
 class SwinBlock(BaseModule):
     """Swin block: ``x + attn(norm1(x))``, then ``x + mlp(norm2(x))``.
 
@@ -331,6 +352,7 @@ class PolaSwin(PolaBackboneBase):
             dict(drop_rate=drop_rate, attn_drop_rate=attn_drop_rate, drop_path_rate=drop_path_rate))
         check_positive_int('arch embed_dims', arch['embed_dims'])
         check_positive_int('window_size', window_size)
+        check_window_fits(window_size, self.attn_types, grids, pretrain_img_size)
         if linear_window_size is not None:
             linear_window_size = check_positive_int('linear_window_size', linear_window_size)
         if not mlp_ratio > 0:
