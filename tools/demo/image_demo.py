@@ -54,10 +54,10 @@ import polaformer_mm  # noqa: F401  (registers the backbones)
 from polaformer_mm.engine import entry
 from polaformer_mm.engine.checkpoint_fit import (check_checkpoint_fits, checkpoint_state_dict,
                                                  describe_mismatch)
-from polaformer_mm.engine.entry import USER_ERRORS, load_config, task_of  # noqa: E402
-from polaformer_mm.engine.image_check import image_problem  # noqa: E402
-from polaformer_mm.engine.model_check import check_model_channels  # noqa: E402
-from polaformer_mm.utils.checkpoint_io import load_checkpoint, require_checkpoint  # noqa: E402
+from polaformer_mm.engine.entry import load_config, task_of
+from polaformer_mm.engine.image_check import image_problem
+from polaformer_mm.engine.model_check import check_model_channels
+from polaformer_mm.utils.checkpoint_io import load_checkpoint, require_checkpoint
 
 RANDOM_WEIGHTS_WARNING = (
     'No --weights given: the model keeps its RANDOM initialisation, so the prediction '
@@ -291,13 +291,6 @@ def main(argv: Optional[List[str]] = None) -> dict:
 
 
 if __name__ == '__main__':
-    try:
-        main()
-    except (*USER_ERRORS, DemoInputError, FileNotFoundError) as err:
-        # a named problem of the input: the message, no traceback
-        sys.exit(f'image_demo.py: error: {err}')
-    except Exception as err:  # the project's named errors (e.g. a backbone's arguments)
-        message = entry.named_error_message(err)
-        if message is None or os.environ.get(entry.TRACEBACK_ENV) == '1':
-            raise
-        sys.exit(f'image_demo.py: error: {message}')
+    # a named problem of the input (the project's named errors, DemoInputError, a missing
+    # file): its message and no traceback (entry.run_tool)
+    entry.run_tool(main, 'image_demo.py')
