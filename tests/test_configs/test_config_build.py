@@ -23,7 +23,7 @@ from mmengine.registry import DefaultScope
 
 from polaformer_mm.analysis.flops import measure_configs
 from polaformer_mm.engine.model_check import check_model_channels
-from .. import REPO
+from tests import REPO
 
 CONFIG_DIR = osp.join(REPO, 'configs')
 POLA_TYPES = ('PolaPVT', 'PolaSwin')

@@ -8,10 +8,10 @@ import os.path as osp
 import pytest
 
 from polaformer_mm.engine import entry
+from tests import REPO
 from .._smoke import classification_root, smoke_classification_config
 from .test_dense_configs_train import MetricsCatcher
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 IMAGENET = sorted(glob.glob(osp.join(REPO, 'configs', 'imagenet', '*.py')))
 
 

@@ -5,7 +5,8 @@ import ast
 import os
 import os.path as osp
 
-from .._fresh_python import REPO, fresh_python_json
+from tests import REPO
+from .._fresh_python import fresh_python_json
 
 SCRIPT = r'''
 import json

@@ -10,10 +10,10 @@ from mmengine.registry import DefaultScope
 
 from polaformer_mm.engine import entry
 from polaformer_mm.engine.model_check import ModelConfigError, check_model_channels
+from tests import REPO
 from ..test_models._golden import load_golden
 from ..test_models._official_files import save_official
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DET = osp.join(REPO, 'configs/quickstart/mask-rcnn_pola-pvt-nano_fpn_synthetic.py')
 UPERNET = osp.join(REPO, 'configs/pola_swin/upernet_pola-swin-t_8xb2-160k_ade20k-512x512.py')
 

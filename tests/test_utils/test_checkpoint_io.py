@@ -1,6 +1,5 @@
 """polaformer_mm.utils.checkpoint_io: the one reading path, its messages, atomic writes."""
 import os
-import os.path as osp
 import pickle
 import subprocess
 import sys
@@ -12,8 +11,7 @@ import torch
 
 from polaformer_mm.utils.checkpoint_io import (CheckpointError, atomic_save, load_checkpoint,
                                                process_alive, require_checkpoint, safe_load_scope)
-
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+from tests import REPO
 
 
 class _Exploit:
