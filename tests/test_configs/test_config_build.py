@@ -277,6 +277,7 @@ def flop_table():
     table.update(saved)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('path,options', [
     ('configs/pola_pvt/mask-rcnn_pola-pvt-t_fpn_1x_coco.py', None),
     ('configs/pola_pvt/mask-rcnn_pola-pvt-t_fpn_1x_coco.py', {

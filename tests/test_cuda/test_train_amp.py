@@ -28,6 +28,8 @@ from tests import REPO  # noqa: E402
 from .._smoke import smoke_config  # noqa: E402
 from ._devices import cuda_param  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 CONFIGS = [
     'configs/pola_pvt/mask-rcnn_pola-pvt-t_fpn_1x_coco.py',
     'configs/pola_pvt/retinanet_pola-pvt-t_fpn_1x_coco.py',

@@ -155,6 +155,7 @@ def test_agreement_below_target_fails(capsys):
     assert 'FAILED' in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @needs_mmdeploy
 def test_mask_rcnn_end_to_end_gives_pytorchs_boxes(tmp_path, capsys):
     import cv2
@@ -180,6 +181,7 @@ def test_mask_rcnn_end_to_end_gives_pytorchs_boxes(tmp_path, capsys):
     assert 'onnx.checker: ok' in printed and 'all standard ONNX' in printed
 
 
+@pytest.mark.slow
 @needs_mmdeploy
 def test_semantic_fpn_end_to_end_with_the_deploy_tool(tmp_path, capsys):
     result = _tool('deploy').main([
@@ -200,6 +202,7 @@ def _small(config, **options):
     return cfg
 
 
+@pytest.mark.slow
 @needs_mmdeploy
 def test_retinanet_pola_pvt_end_to_end(tmp_path):
     cfg = _small(
@@ -225,6 +228,7 @@ def test_retinanet_pola_pvt_end_to_end(tmp_path):
         assert r.iou_min >= 0.99 and r.label_agreement == 1, r
 
 
+@pytest.mark.slow
 @needs_mmdeploy
 def test_upernet_pola_swin_end_to_end_pools_exactly(tmp_path):
     """UperNet's pooling module (scales 1, 2, 3, 6) pools the right bins at every size:

@@ -43,6 +43,7 @@ def test_init_cfg_pretrained_reads_a_ddp_saved_file(saved, tmp_path):
     assert all(torch.equal(want[k], got[k]) for k in want)
 
 
+@pytest.mark.slow
 def test_test_checkpoint_and_load_from_read_a_ddp_saved_file(synthetic_data_root, tmp_path):
     detector = _detector()
     ckpt = str(tmp_path / 'ddp_detector.pth')

@@ -25,6 +25,7 @@ def test_dense_configs_found():
     assert len(DENSE) >= 30, DENSE
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('path', DENSE, ids=lambda p: osp.relpath(p, REPO))
 def test_one_iteration_and_validation(path, synthetic_data_root, tmp_path):
     cfg = entry.load_config(path)

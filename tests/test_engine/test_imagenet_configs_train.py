@@ -24,6 +24,7 @@ def test_imagenet_configs_found():
     assert len(IMAGENET) == 14, IMAGENET
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('path', IMAGENET, ids=lambda p: osp.basename(p))
 def test_one_iteration_and_validation(path, data_root, tmp_path):
     cfg = entry.load_config(path)

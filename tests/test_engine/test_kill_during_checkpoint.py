@@ -80,6 +80,7 @@ def _loads(path):
     return torch.load(path, map_location='cpu', weights_only=True)  # no allowlist
 
 
+@pytest.mark.slow
 def test_kill_during_checkpoint_write_then_resume(synthetic_data_root, tmp_path):
     (tmp_path / 'slow_ckpt_write.py').write_text(SLOW_WRITE)
     cfg = tmp_path / 'cfg.py'

@@ -11,6 +11,8 @@ import pytest
 
 from tests import REPO
 
+pytestmark = pytest.mark.slow
+
 OUTSIDE_CONFIG = '''
 # A user's own config: an mmdet base, custom_imports and a Pola backbone, nothing else of ours
 _base_ = ['mmdet::retinanet/retinanet_r50_fpn_1x_coco.py']

@@ -62,6 +62,7 @@ def _weights(path):
     return state['state_dict']
 
 
+@pytest.mark.slow
 def test_resume_matches_uninterrupted_run(synthetic_data_root, tmp_path):
     straight = tmp_path / 'straight'
     entry.build_runner(_det_cfg(synthetic_data_root, straight)).train()
@@ -129,6 +130,7 @@ def test_amp_needs_cuda(tmp_path):
         entry.prepare_train_config(cfg, DET, work_dir=str(tmp_path), amp=True)
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes_on_cpu(synthetic_data_root, tmp_path):
     """tools/dist_train.sh: 2 processes (gloo), SyncBN reverted, a few iterations."""
     env = dict(
@@ -142,10 +144,10 @@ def test_torchrun_two_processes_on_cpu(synthetic_data_root, tmp_path):
         osp.join(REPO, 'tools/dist_train.sh'), SEG, '2', '--work-dir',
         str(tmp_path / 'wd'), '--cfg-options',
         f'train_dataloader.dataset.data_root={synthetic_data_root}',
-        f'val_dataloader.dataset.data_root={synthetic_data_root}',
-        'train_dataloader.batch_size=2', 'train_cfg.max_iters=3', 'train_cfg.val_interval=3',
-        'default_hooks.checkpoint.interval=3', 'default_hooks.logger.interval=1',
-        'model.decode_head.norm_cfg.type=SyncBN', 'env_cfg.dist_cfg.backend=nccl'
+        f'val_dataloader.dataset.data_root={synthetic_data_root}', 'train_dataloader.batch_size=2',
+        'train_cfg.max_iters=3', 'train_cfg.val_interval=3', 'default_hooks.checkpoint.interval=3',
+        'default_hooks.logger.interval=1', 'model.decode_head.norm_cfg.type=SyncBN',
+        'env_cfg.dist_cfg.backend=nccl'
     ]
     proc = subprocess.run(
         cmd, env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=600)

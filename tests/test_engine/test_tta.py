@@ -21,6 +21,7 @@ RETINANET = osp.join(REPO, 'configs/pola_pvt/retinanet_pola-pvt-t_fpn_1x_coco.py
 CLS = osp.join(REPO, 'configs/imagenet/pola-pvt-tiny_8xb128_in1k.py')
 
 
+@pytest.mark.slow
 def test_detection_tta_through_test_tool(synthetic_data_root, tmp_path):
     run_dir = tmp_path / 'run'
     cfg = smoke_config(entry.load_config(RETINANET), synthetic_data_root, run_dir)

@@ -15,6 +15,8 @@ from polaformer_mm.engine.work_dir_lock import LOCK_FILE, WorkDirLockedError, lo
 from tests import REPO
 from .._smoke import two_epoch_det_config
 
+pytestmark = pytest.mark.slow
+
 PAUSE_HOOK = '''
 """Holds a training after the checkpoint of its first epoch until $POLA_GO exists."""
 import os

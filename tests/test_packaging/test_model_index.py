@@ -134,6 +134,7 @@ def _check_search_output(proc):
     assert re.search(r'backbone_gflops\s+48\.68', block)
 
 
+@pytest.mark.slow
 def test_mim_search_lists_every_model_after_pip_install(tmp_path):
     mim = _mim()
     src, target = tmp_path / 'src', tmp_path / 'site'
@@ -156,6 +157,7 @@ def test_mim_search_lists_every_model_after_pip_install(tmp_path):
                        cwd=tmp_path))
 
 
+@pytest.mark.slow
 def test_mim_search_in_the_project_environment(tmp_path):
     """`make install` installs the package as users do, so `mim search` works in the venv."""
     env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}

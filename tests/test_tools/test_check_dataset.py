@@ -75,6 +75,7 @@ def test_empty_segmentation_stops_training_with_the_report(root):
     assert name in str(info.value)
 
 
+@pytest.mark.slow
 def test_the_crash_it_prevents_and_the_opt_out(root, tmp_path):
     """With the check skipped (flag), mmdet itself fails on the same data."""
     _edit_coco(root, 'train', lambda c: [a.update(segmentation=[]) for a in c['annotations']])

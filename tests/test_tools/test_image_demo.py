@@ -134,6 +134,7 @@ def det_weights(tmp_path_factory):
     return config, paths
 
 
+@pytest.mark.slow
 def test_weights_that_do_not_fit_stop_the_demo_as_they_stop_test_py(det_weights, tmp_path):
     config, paths = det_weights
     code, out, err = _run_cli(
@@ -182,6 +183,7 @@ def test_ddp_saved_weights_predict_as_the_plain_file(det_weights, tmp_path):
     assert preds[0]['scores'] and preds[0] == preds[1]
 
 
+@pytest.mark.slow
 def test_an_image_the_pipeline_cannot_resize_is_named(tmp_path):
     config = _quickstart_config('mmdet')
     wide, tall = tmp_path / 'wide.png', tmp_path / 'tall.png'

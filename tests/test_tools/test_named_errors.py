@@ -26,6 +26,7 @@ def _tool(args, cwd):
     return proc.returncode, lines[-1] if lines else ''
 
 
+@pytest.mark.slow
 def test_train_names_a_neck_that_does_not_take_the_backbone_channels(tmp_path):
     # Pola-PVT-T's channels for the quickstart's Pola-PVT-nano backbone
     code, last = _tool([
@@ -70,6 +71,7 @@ def test_segmentation_heads_without_a_neck_are_checked():
         check_model_channels(_segmentor(**{'auxiliary_head.in_index': 7}))
 
 
+@pytest.mark.slow
 def test_converter_names_a_directory_as_dst(golden_dir, tmp_path):
     src = save_official(tmp_path / 'official.pth',
                         load_golden(golden_dir, 'pola_pvt_micro_LLLL.pt')['state_dict'])
@@ -85,6 +87,7 @@ def test_converter_names_a_directory_as_dst(golden_dir, tmp_path):
     assert not list((tmp_path / 'out').iterdir())
 
 
+@pytest.mark.slow
 def test_get_flops_names_a_shape_below_one_pixel(tmp_path):
     code, last = _tool([
         osp.join(REPO, 'tools/analysis_tools/get_flops.py'),
@@ -95,6 +98,7 @@ def test_get_flops_names_a_shape_below_one_pixel(tmp_path):
                     '(H W, or one size for a square)')
 
 
+@pytest.mark.slow
 def test_reproduce_names_the_gpu_counts_it_takes(tmp_path):
     code, last = _tool([
         osp.join(REPO, 'tools/reproduce.py'), 'mask-rcnn-1x', '--arch', 'pvt-t', '--gpus', '3',

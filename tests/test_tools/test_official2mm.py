@@ -2,11 +2,14 @@ import os.path as osp
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from tests import REPO
 from ..test_models._golden import build_classifier, load_golden
 from ..test_models._official_files import save_official
+
+pytestmark = pytest.mark.slow
 
 
 def _convert_and_check(data, src, dst):

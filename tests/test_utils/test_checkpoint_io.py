@@ -133,6 +133,7 @@ atomic_write(path, write)
 """
 
 
+@pytest.mark.slow
 def test_a_write_in_progress_survives_another_writer(tmp_path):
     """Two processes write one checkpoint at once: the second does not delete the
     first one's temporary file (which then used to die with FileNotFoundError)."""
