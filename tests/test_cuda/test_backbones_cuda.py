@@ -18,8 +18,6 @@ import torch
 from polaformer_mm import PolaPVT, PolaSwin
 from ._devices import cuda_param
 
-pytestmark = pytest.mark.slow
-
 BACKBONES = {'PolaPVT': PolaPVT, 'PolaSwin': PolaSwin}
 ARCHS = [('PolaPVT', a) for a in ('tiny', 'small', 'medium', 'large')] + \
     [('PolaSwin', a) for a in ('tiny', 'small', 'base')]

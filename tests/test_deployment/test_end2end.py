@@ -53,6 +53,7 @@ def _tool(name):
     return load_tool(f'deployment/{name}.py')
 
 
+@pytest.mark.slow
 def test_package_import_leaves_mmdeploy_unimported():
     """Importing the package, its rewrites included, imports no mmdeploy: the export
     registers the rewrites when it runs."""
