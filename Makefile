@@ -21,7 +21,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.polaformer_mm-installed
 PYTEST_ARGS ?=
 
-.PHONY: install test quickstart clean-venv lint format
+.PHONY: install test test-fast quickstart clean-venv lint format
 
 $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) and "the tested stack needs Python 3.11; set PYTHON=/path/to/python3.11")'
@@ -52,6 +52,10 @@ install: $(STAMP) $(PKG)
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# the inner loop: the tests not marked slow (pytest.ini)
+test-fast: install
+	$(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)
 
 # Style (OpenMMLab: flake8, isort, yapf; interrogate for docstring coverage), settings in
 # setup.cfg; the same tools as .pre-commit-config.yaml. Needs only the venv and

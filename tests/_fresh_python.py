@@ -2,11 +2,10 @@
 repository first on the path) and read back the JSON it prints on a tagged line."""
 import json
 import os
-import os.path as osp
 import subprocess
 import sys
 
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+from tests import REPO
 
 
 def fresh_python_json(script: str, tag: str, timeout: int = 300):

@@ -12,6 +12,7 @@ import os.path as osp
 import cv2
 
 from polaformer_mm.datasets import SYNTHETIC_CLASSES, generate_synthetic_dataset
+from tests import REPO
 
 SMALL = 96  # short side of the reduced image scale
 LONG = 128  # long side
@@ -242,9 +243,7 @@ def smoke_cfg_options(config_path, data_root, iters=1):
     return [f'{k}={_cli_value(v)}' for k, v in out.items()]
 
 
-QUICKSTART_DET = osp.join(
-    osp.dirname(osp.dirname(osp.abspath(__file__))),
-    'configs/quickstart/mask-rcnn_pola-pvt-nano_fpn_synthetic.py')
+QUICKSTART_DET = osp.join(REPO, 'configs/quickstart/mask-rcnn_pola-pvt-nano_fpn_synthetic.py')
 
 
 def two_epoch_det_config(data_root, module, checkpoint='dict(interval=1)', extra=''):

@@ -5,7 +5,7 @@ import os.path as osp
 from types import ModuleType
 from typing import Optional
 
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+from tests import REPO
 
 
 def load_tool(path: str, name: Optional[str] = None) -> ModuleType:

@@ -23,7 +23,7 @@ from mmengine.registry import DefaultScope
 
 from polaformer_mm.analysis.flops import measure_configs
 from polaformer_mm.engine.model_check import check_model_channels
-from .. import REPO
+from tests import REPO
 
 CONFIG_DIR = osp.join(REPO, 'configs')
 POLA_TYPES = ('PolaPVT', 'PolaSwin')
@@ -277,6 +277,7 @@ def flop_table():
     table.update(saved)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('path,options', [
     ('configs/pola_pvt/mask-rcnn_pola-pvt-t_fpn_1x_coco.py', None),
     ('configs/pola_pvt/mask-rcnn_pola-pvt-t_fpn_1x_coco.py', {

@@ -24,10 +24,12 @@ for _module in ('mmdet.models', 'mmseg.models', 'pycocotools'):  # a bare GPU ma
     pytest.importorskip(_module, reason=f'the training tests need {_module}')
 
 from polaformer_mm.engine import entry  # noqa: E402
-from .._smoke import smoke_config, synthetic_root  # noqa: E402
+from tests import REPO  # noqa: E402
+from .._smoke import smoke_config  # noqa: E402
 from ._devices import cuda_param  # noqa: E402
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+pytestmark = pytest.mark.slow
+
 CONFIGS = [
     'configs/pola_pvt/mask-rcnn_pola-pvt-t_fpn_1x_coco.py',
     'configs/pola_pvt/retinanet_pola-pvt-t_fpn_1x_coco.py',
@@ -42,11 +44,6 @@ def _load_tool(name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-@pytest.fixture(scope='module')
-def data_root(tmp_path_factory):
-    return synthetic_root(tmp_path_factory.mktemp('data'))
 
 
 def _loaders(cfg):
@@ -103,9 +100,9 @@ def _cases():
 
 
 @pytest.mark.parametrize('device,path', _cases())
-def test_train_amp_one_iteration_then_test(device, path, data_root, tmp_path):
+def test_train_amp_one_iteration_then_test(device, path, synthetic_data_root, tmp_path):
     cuda = device == 'cuda'
-    cfg_file, cfg = _config_file(path, data_root, tmp_path / 'cfg', full_size=cuda)
+    cfg_file, cfg = _config_file(path, synthetic_data_root, tmp_path / 'cfg', full_size=cuda)
     work_dir = str(tmp_path / 'train')
     args = [cfg_file, '--work-dir', work_dir] + (['--amp'] if cuda else [])
     _load_tool('train').main(args)

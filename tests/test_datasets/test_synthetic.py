@@ -72,6 +72,7 @@ def test_deterministic(dataset, tmp_path):
     assert other['images/train/000000.jpg'] != first['images/train/000000.jpg']
 
 
+@pytest.mark.slow
 def test_workers_write_the_same_files(tmp_path):
     # enough images for two forked workers (each takes chunks of 64 images)
     args = dict(SMALL, num_train=200, num_val=2)

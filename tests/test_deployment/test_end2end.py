@@ -53,6 +53,7 @@ def _tool(name):
     return load_tool(f'deployment/{name}.py')
 
 
+@pytest.mark.slow
 def test_package_import_leaves_mmdeploy_unimported():
     """Importing the package, its rewrites included, imports no mmdeploy: the export
     registers the rewrites when it runs."""
@@ -155,6 +156,7 @@ def test_agreement_below_target_fails(capsys):
     assert 'FAILED' in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @needs_mmdeploy
 def test_mask_rcnn_end_to_end_gives_pytorchs_boxes(tmp_path, capsys):
     import cv2
@@ -180,6 +182,7 @@ def test_mask_rcnn_end_to_end_gives_pytorchs_boxes(tmp_path, capsys):
     assert 'onnx.checker: ok' in printed and 'all standard ONNX' in printed
 
 
+@pytest.mark.slow
 @needs_mmdeploy
 def test_semantic_fpn_end_to_end_with_the_deploy_tool(tmp_path, capsys):
     result = _tool('deploy').main([
@@ -200,6 +203,7 @@ def _small(config, **options):
     return cfg
 
 
+@pytest.mark.slow
 @needs_mmdeploy
 def test_retinanet_pola_pvt_end_to_end(tmp_path):
     cfg = _small(
@@ -225,6 +229,7 @@ def test_retinanet_pola_pvt_end_to_end(tmp_path):
         assert r.iou_min >= 0.99 and r.label_agreement == 1, r
 
 
+@pytest.mark.slow
 @needs_mmdeploy
 def test_upernet_pola_swin_end_to_end_pools_exactly(tmp_path):
     """UperNet's pooling module (scales 1, 2, 3, 6) pools the right bins at every size:

@@ -62,6 +62,7 @@ def _randomised(build, seed=0):
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', sorted(BACKBONES))
 def test_backbone_onnx_equals_pytorch_at_other_sizes(name, tmp_path):
     model = ExportableModel(_randomised(BACKBONES[name]), 'backbone')
@@ -80,6 +81,7 @@ def test_backbone_onnx_equals_pytorch_at_other_sizes(name, tmp_path):
                                                                        (2, 5)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', ['pvt', 'swin-windows'])
 def test_export_leaves_caches_for_eager_use(name, tmp_path):
     model = _randomised(BACKBONES[name])
@@ -124,6 +126,7 @@ def _cpu_half_convolution():
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     _cpu_half_convolution() is not None,
     reason=f'tracing a float16 model on the CPU needs float16 convolutions there '
@@ -168,6 +171,7 @@ def _tool():
     return load_tool('deployment/pytorch2onnx.py')
 
 
+@pytest.mark.slow
 def test_detector_tensor_part_exports_with_the_tool(tmp_path, capsys):
     out = str(tmp_path / 'mask-rcnn.onnx')
     result = _tool().main([

@@ -15,12 +15,11 @@ import torch
 
 from polaformer_mm.ops import pola_linear_attention
 from polaformer_mm.ops.pola_attention.reference import pola_linear_attention_reference
-
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+from tests import REPO
 
 
 def _rel(pattern):
-    return sorted(osp.relpath(p, ROOT) for p in glob.glob(osp.join(ROOT, pattern), recursive=True))
+    return sorted(osp.relpath(p, REPO) for p in glob.glob(osp.join(REPO, pattern), recursive=True))
 
 
 DOC_PAGES = _rel('docs/**/*.md')
@@ -54,7 +53,7 @@ def test_theorem1_counterexample_numbers(op):
     torch.testing.assert_close(after, torch.tensor([300 / 527, 227 / 527], dtype=after.dtype))
     assert round(_entropy(before), 3) == 0.654
     assert round(_entropy(after), 3) == 0.684  # higher: the power flattened this map
-    with open(osp.join(ROOT, 'docs', 'advanced_guides', 'method.md')) as f:
+    with open(osp.join(REPO, 'docs', 'advanced_guides', 'method.md')) as f:
         text = f.read()
     assert '0.6544' in text and '0.6835' in text
 
@@ -74,7 +73,7 @@ FOREIGN_PATHS = {'docs/user_guides/deployment.md': {'tools/deploy.py'}}  # mmdep
 
 
 def _read(doc):
-    with open(osp.join(ROOT, doc), encoding='utf-8') as f:
+    with open(osp.join(REPO, doc), encoding='utf-8') as f:
         return f.read()
 
 
@@ -112,8 +111,8 @@ def _links(doc):
     _, prose = _split_code(_read(doc))
     for link in LINK.findall(prose):
         path, _, anchor = link.partition('#')
-        target = osp.relpath(osp.normpath(osp.join(ROOT, osp.dirname(doc), path)),
-                             ROOT) if path else doc
+        target = osp.relpath(osp.normpath(osp.join(REPO, osp.dirname(doc), path)),
+                             REPO) if path else doc
         yield link, target, anchor
 
 
@@ -144,11 +143,11 @@ def test_paths_and_links_exist(doc):
             if any(c in path for c in '{*<|') or '.mim' in path or \
                     path in FOREIGN_PATHS.get(doc, ()):
                 continue  # a pattern, what an install creates (polaformer_mm/.mim), another's
-            if not osp.exists(osp.join(ROOT, path)):
+            if not osp.exists(osp.join(REPO, path)):
                 missing.append(path)
         missing += [m for m in MODULE.findall(span) if not _resolves(m)]
     for link, target, anchor in _links(doc):
-        if not osp.exists(osp.join(ROOT, target)):
+        if not osp.exists(osp.join(REPO, target)):
             missing.append(link)
         elif anchor and target.endswith('.md') and anchor not in _anchors(target):
             missing.append(f'{link} (no such heading)')
@@ -182,7 +181,7 @@ def test_doc_paths_named_by_the_code_exist():
         for p in _rel(pattern) if '.mim' not in p
     ] + ['Makefile', 'setup.py', osp.join('.ci', 'run')]
     missing = [(src, path) for src in sources for path in CODE_DOC_PATH.findall(_read(src))
-               if not osp.exists(osp.join(ROOT, path))]
+               if not osp.exists(osp.join(REPO, path))]
     assert not missing, f'documentation paths that do not exist: {missing}'
 
 
@@ -197,9 +196,9 @@ def test_no_reference_outside_the_repository():
     file, no absolute path, no relative path that leaves the repository."""
     repo_md = {
         osp.basename(p)
-        for p in glob.glob(osp.join(ROOT, '**', '*.md'), recursive=True) if '.venv' not in p
+        for p in glob.glob(osp.join(REPO, '**', '*.md'), recursive=True) if '.venv' not in p
     }
-    for tool in glob.glob(osp.join(ROOT, 'tools', '**', '*.py'), recursive=True):
+    for tool in glob.glob(osp.join(REPO, 'tools', '**', '*.py'), recursive=True):
         with open(tool) as f:  # reports the tools write, e.g. benchmark_backbone.md
             repo_md.update(MD_NAME.findall(f.read()))
     for doc in DOCS:
@@ -209,5 +208,5 @@ def test_no_reference_outside_the_repository():
         absolute = ABS_PATH.findall(text)
         assert not absolute, f'{doc} names absolute paths: {absolute}'
         for path in UP_PATH.findall(text):
-            target = osp.normpath(osp.join(ROOT, osp.dirname(doc), path))
-            assert target.startswith(ROOT + osp.sep), f'{doc} points outside the repository: {path}'
+            target = osp.normpath(osp.join(REPO, osp.dirname(doc), path))
+            assert target.startswith(REPO + osp.sep), f'{doc} points outside the repository: {path}'

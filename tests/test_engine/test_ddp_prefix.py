@@ -9,10 +9,10 @@ import torch
 from mmengine.registry import init_default_scope
 
 from polaformer_mm.engine import entry
+from tests import REPO
 from .._ddp import ddp_state_dict
-from .._smoke import smoke_config, synthetic_root
+from .._smoke import smoke_config
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DET = osp.join(REPO, 'configs/quickstart/mask-rcnn_pola-pvt-nano_fpn_synthetic.py')
 
 
@@ -43,14 +43,14 @@ def test_init_cfg_pretrained_reads_a_ddp_saved_file(saved, tmp_path):
     assert all(torch.equal(want[k], got[k]) for k in want)
 
 
-def test_test_checkpoint_and_load_from_read_a_ddp_saved_file(tmp_path):
-    data_root = synthetic_root(tmp_path)
+@pytest.mark.slow
+def test_test_checkpoint_and_load_from_read_a_ddp_saved_file(synthetic_data_root, tmp_path):
     detector = _detector()
     ckpt = str(tmp_path / 'ddp_detector.pth')
     torch.save({'state_dict': ddp_state_dict(detector), 'meta': {}}, ckpt)
 
     cfg = entry.load_config(DET)
-    smoke_config(cfg, data_root, tmp_path / 'test')
+    smoke_config(cfg, synthetic_data_root, tmp_path / 'test')
     entry.prepare_test_config(cfg, DET, ckpt, work_dir=str(tmp_path / 'test'))
     runner = entry.build_runner(cfg)  # strict: every key must fit once module. is gone
     assert runner.test() is not None

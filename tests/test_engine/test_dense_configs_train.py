@@ -13,27 +13,23 @@ import torch
 from mmengine.hooks import Hook
 
 from polaformer_mm.engine import entry
-from .._smoke import smoke_config, synthetic_root
+from tests import REPO
+from .._smoke import smoke_config
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DENSE = sorted(
     p for p in glob.glob(osp.join(REPO, 'configs', '**', '*.py'), recursive=True)
     if '_base_' not in p and '/imagenet/' not in p)
-
-
-@pytest.fixture(scope='module')
-def data_root(tmp_path_factory):
-    return synthetic_root(tmp_path_factory.mktemp('data'))
 
 
 def test_dense_configs_found():
     assert len(DENSE) >= 30, DENSE
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('path', DENSE, ids=lambda p: osp.relpath(p, REPO))
-def test_one_iteration_and_validation(path, data_root, tmp_path):
+def test_one_iteration_and_validation(path, synthetic_data_root, tmp_path):
     cfg = entry.load_config(path)
-    smoke_config(cfg, data_root, tmp_path)
+    smoke_config(cfg, synthetic_data_root, tmp_path)
     runner = entry.build_runner(cfg)
     seen = MetricsCatcher()
     runner.register_hook(seen)

@@ -8,10 +8,10 @@ import os.path as osp
 import pytest
 
 from polaformer_mm.engine import entry
+from tests import REPO
 from .._smoke import classification_root, smoke_classification_config
 from .test_dense_configs_train import MetricsCatcher
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 IMAGENET = sorted(glob.glob(osp.join(REPO, 'configs', 'imagenet', '*.py')))
 
 
@@ -24,6 +24,7 @@ def test_imagenet_configs_found():
     assert len(IMAGENET) == 14, IMAGENET
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('path', IMAGENET, ids=lambda p: osp.basename(p))
 def test_one_iteration_and_validation(path, data_root, tmp_path):
     cfg = entry.load_config(path)

@@ -16,9 +16,8 @@ import time
 import pytest
 import torch
 
-from .._smoke import synthetic_root, two_epoch_det_config
-
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+from tests import REPO
+from .._smoke import two_epoch_det_config
 
 SLOW_WRITE = '''
 """Fault injection: the write of a checkpoint named $POLA_SLOW_CKPT stops half-way."""
@@ -81,12 +80,13 @@ def _loads(path):
     return torch.load(path, map_location='cpu', weights_only=True)  # no allowlist
 
 
-def test_kill_during_checkpoint_write_then_resume(tmp_path):
-    root = synthetic_root(tmp_path)
+@pytest.mark.slow
+def test_kill_during_checkpoint_write_then_resume(synthetic_data_root, tmp_path):
     (tmp_path / 'slow_ckpt_write.py').write_text(SLOW_WRITE)
     cfg = tmp_path / 'cfg.py'
     cfg.write_text(
-        two_epoch_det_config(root, 'slow_ckpt_write', 'dict(interval=1, max_keep_ckpts=1)'))
+        two_epoch_det_config(synthetic_data_root, 'slow_ckpt_write',
+                             'dict(interval=1, max_keep_ckpts=1)'))
     work_dir = tmp_path / 'wd'
 
     _train(cfg, work_dir, tmp_path, slow='epoch_2.pth', wait_for=tmp_path / 'marker')
@@ -108,7 +108,8 @@ def test_kill_during_checkpoint_write_then_resume(tmp_path):
     assert (work_dir / 'last_checkpoint').read_text().strip().endswith('epoch_2.pth')
 
 
-def test_best_checkpoint_is_replaced_only_after_the_new_one_is_written(tmp_path, monkeypatch):
+def test_best_checkpoint_is_replaced_only_after_the_new_one_is_written(
+        synthetic_data_root, tmp_path, monkeypatch):
     """mmengine deletes the previous best checkpoint before it writes the new one; a write
     that fails then leaves no best checkpoint at all."""
     from mmengine.fileio.backends.local_backend import LocalBackend
@@ -116,7 +117,7 @@ def test_best_checkpoint_is_replaced_only_after_the_new_one_is_written(tmp_path,
     from polaformer_mm.engine import PolaCheckpointHook, entry
     from .._smoke import smoke_config
     seg = osp.join(REPO, 'configs/quickstart/fpn_pola-pvt-nano_synthetic-seg.py')
-    cfg = smoke_config(entry.load_config(seg), synthetic_root(tmp_path), tmp_path / 'wd')
+    cfg = smoke_config(entry.load_config(seg), synthetic_data_root, tmp_path / 'wd')
     cfg.default_hooks.checkpoint = dict(
         type='CheckpointHook',
         interval=1,

@@ -16,19 +16,14 @@ from mmengine.registry import init_default_scope
 
 from polaformer_mm.engine import CheckpointMismatchError, entry
 from polaformer_mm.utils.checkpoint_io import CheckpointError
-from .._smoke import smoke_config, synthetic_root
+from tests import REPO
+from .._smoke import smoke_config
 from .._tools import load_tool
 from ..test_models._golden import load_golden
 from ..test_models._official_files import save_official
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DET = osp.join(REPO, 'configs/quickstart/mask-rcnn_pola-pvt-nano_fpn_synthetic.py')
 SEG = osp.join(REPO, 'configs/quickstart/fpn_pola-pvt-nano_synthetic-seg.py')
-
-
-@pytest.fixture(scope='module')
-def data_root(tmp_path_factory):
-    return synthetic_root(tmp_path_factory.mktemp('data'))
 
 
 def _cfg(path, data_root, work_dir, **opts):
@@ -39,12 +34,12 @@ def _cfg(path, data_root, work_dir, **opts):
 
 
 @pytest.fixture(scope='module')
-def det_runner(data_root, tmp_path_factory):
-    return entry.build_runner(_cfg(DET, data_root, tmp_path_factory.mktemp('det')))
+def det_runner(synthetic_data_root, tmp_path_factory):
+    return entry.build_runner(_cfg(DET, synthetic_data_root, tmp_path_factory.mktemp('det')))
 
 
 @pytest.fixture(scope='module')
-def files(det_runner, data_root, golden_dir, tmp_path_factory):
+def files(det_runner, synthetic_data_root, golden_dir, tmp_path_factory):
     """Checkpoints of other models, written as their own tools write them."""
     import torchvision
     from mmseg.registry import MODELS
@@ -97,13 +92,13 @@ def test_checkpoint_that_does_not_fit_is_an_error(det_runner, files, kind, cause
     assert all(torch.equal(before[k], after[k]) for k in before)  # nothing was loaded
 
 
-def test_test_tool_is_strict_and_allow_partial_opts_out(files, data_root, tmp_path):
-    cfg = _cfg(DET, data_root, tmp_path / 'strict')
+def test_test_tool_is_strict_and_allow_partial_opts_out(files, synthetic_data_root, tmp_path):
+    cfg = _cfg(DET, synthetic_data_root, tmp_path / 'strict')
     entry.prepare_test_config(cfg, DET, files['backbone'], work_dir=str(tmp_path / 'strict'))
     with pytest.raises(CheckpointMismatchError, match='backbone-only'):
         entry.build_runner(cfg).test()
 
-    cfg = _cfg(DET, data_root, tmp_path / 'partial')
+    cfg = _cfg(DET, synthetic_data_root, tmp_path / 'partial')
     entry.prepare_test_config(
         cfg, DET, files['backbone'], work_dir=str(tmp_path / 'partial'), allow_partial=True)
     assert cfg.allow_partial_load is True
@@ -127,19 +122,20 @@ def test_tools_have_the_allow_partial_flag():
     assert _tool('train').parse_args(['c.py', '--allow-partial']).allow_partial
 
 
-def test_checkpoints_the_runner_writes_load_strictly(data_root, tmp_path):
+def test_checkpoints_the_runner_writes_load_strictly(synthetic_data_root, tmp_path):
     """A checkpoint written by the runner loads strictly into a new runner of the same
     config (mmseg here; mmdet through test_tools_cli and the resume tests)."""
-    writer = entry.build_runner(_cfg(SEG, data_root, tmp_path / 'a'))
+    writer = entry.build_runner(_cfg(SEG, synthetic_data_root, tmp_path / 'a'))
     writer.save_checkpoint(
         str(tmp_path / 'a'), 'iter_1.pth', save_optimizer=False, save_param_scheduler=False)
-    reader = entry.build_runner(_cfg(SEG, data_root, tmp_path / 'b'))
+    reader = entry.build_runner(_cfg(SEG, synthetic_data_root, tmp_path / 'b'))
     reader.load_checkpoint(str(tmp_path / 'a' / 'iter_1.pth'))
     a, b = writer.model.state_dict(), reader.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_resume_from_a_weights_only_file_says_use_load_from(det_runner, data_root, tmp_path):
+def test_resume_from_a_weights_only_file_says_use_load_from(det_runner, synthetic_data_root,
+                                                            tmp_path):
     weights = tmp_path / 'converted.pth'
     torch.save({
         'state_dict': det_runner.model.state_dict(),
@@ -147,7 +143,7 @@ def test_resume_from_a_weights_only_file_says_use_load_from(det_runner, data_roo
             'note': 'published'
         }
     }, weights)
-    cfg = _cfg(DET, data_root, tmp_path)
+    cfg = _cfg(DET, synthetic_data_root, tmp_path)
     entry.prepare_train_config(cfg, DET, work_dir=str(tmp_path), resume=str(weights))
     with pytest.raises(CheckpointError) as info:
         entry.build_runner(cfg).train()

@@ -9,9 +9,9 @@ import textwrap
 
 import pytest
 
-from .._smoke import synthetic_root
+from tests import REPO
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+pytestmark = pytest.mark.slow
 
 OUTSIDE_CONFIG = '''
 # A user's own config: an mmdet base, custom_imports and a Pola backbone, nothing else of ours
@@ -48,11 +48,6 @@ default_hooks = dict(logger=dict(interval=1))
 '''
 
 
-@pytest.fixture(scope='module')
-def data_root(tmp_path_factory):
-    return synthetic_root(tmp_path_factory.mktemp('data'))
-
-
 def _run(args, cwd):
     env = dict(os.environ, OMP_NUM_THREADS='2')
     proc = subprocess.run(
@@ -62,9 +57,9 @@ def _run(args, cwd):
     return out
 
 
-def test_outside_config_trains_and_tests(data_root, tmp_path):
+def test_outside_config_trains_and_tests(synthetic_data_root, tmp_path):
     cfg = tmp_path / 'my_retinanet_pola.py'
-    cfg.write_text(textwrap.dedent(OUTSIDE_CONFIG.format(root=data_root)))
+    cfg.write_text(textwrap.dedent(OUTSIDE_CONFIG.format(root=synthetic_data_root)))
     out = _run([osp.join(REPO, 'tools/train.py'), str(cfg), '--work-dir', 'wd'], tmp_path)
     assert 'dataset check: 2 datasets, 0 problems that would stop training' in out
     assert 'Epoch(train) [1][2/2]' in out

@@ -11,16 +11,10 @@ from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
 from polaformer_mm.engine import entry
-from .._smoke import synthetic_root
+from tests import REPO
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DET = osp.join(REPO, 'configs/quickstart/mask-rcnn_pola-pvt-nano_fpn_synthetic.py')
 SEG = osp.join(REPO, 'configs/quickstart/fpn_pola-pvt-nano_synthetic-seg.py')
-
-
-@pytest.fixture(scope='module')
-def data_root(tmp_path_factory):
-    return synthetic_root(tmp_path_factory.mktemp('data'))
 
 
 class _Interrupted(RuntimeError):
@@ -68,18 +62,21 @@ def _weights(path):
     return state['state_dict']
 
 
-def test_resume_matches_uninterrupted_run(data_root, tmp_path):
+@pytest.mark.slow
+def test_resume_matches_uninterrupted_run(synthetic_data_root, tmp_path):
     straight = tmp_path / 'straight'
-    entry.build_runner(_det_cfg(data_root, straight)).train()
+    entry.build_runner(_det_cfg(synthetic_data_root, straight)).train()
 
     broken = tmp_path / 'broken'
     with pytest.raises(_Interrupted):
         entry.build_runner(
-            _det_cfg(data_root, broken, extra_hooks=[dict(type='_StopAfterEpochHook',
-                                                          epoch=1)])).train()
+            _det_cfg(
+                synthetic_data_root,
+                broken,
+                extra_hooks=[dict(type='_StopAfterEpochHook', epoch=1)])).train()
     assert osp.isfile(broken / 'epoch_1.pth') and not osp.isfile(broken / 'epoch_2.pth')
 
-    runner = entry.build_runner(_det_cfg(data_root, broken, resume='auto'))
+    runner = entry.build_runner(_det_cfg(synthetic_data_root, broken, resume='auto'))
     runner.train()
     assert runner.epoch == 2
     a, b = _weights(straight / 'epoch_2.pth'), _weights(broken / 'epoch_2.pth')
@@ -91,13 +88,13 @@ def test_resume_matches_uninterrupted_run(data_root, tmp_path):
     assert any(not torch.equal(a[k], c[k]) for k in a)
 
 
-def test_resume_from_explicit_checkpoint_and_missing_one(data_root, tmp_path):
+def test_resume_from_explicit_checkpoint_and_missing_one(synthetic_data_root, tmp_path):
     with pytest.raises(FileNotFoundError, match='nope.pth'):
-        _det_cfg(data_root, tmp_path, resume=str(tmp_path / 'nope.pth'))
+        _det_cfg(synthetic_data_root, tmp_path, resume=str(tmp_path / 'nope.pth'))
 
 
-def test_missing_pretrained_checkpoint_is_named(data_root, tmp_path):
-    cfg = _det_cfg(data_root, tmp_path)
+def test_missing_pretrained_checkpoint_is_named(synthetic_data_root, tmp_path):
+    cfg = _det_cfg(synthetic_data_root, tmp_path)
     cfg.model.backbone.init_cfg = dict(
         type='Pretrained', checkpoint='checkpoints/no_such_pola_pvt_t.pth')
     runner = entry.build_runner(cfg)
@@ -105,15 +102,15 @@ def test_missing_pretrained_checkpoint_is_named(data_root, tmp_path):
         runner.train()
 
 
-def test_wrong_backbone_argument_is_named(data_root, tmp_path):
-    cfg = _det_cfg(data_root, tmp_path)
+def test_wrong_backbone_argument_is_named(synthetic_data_root, tmp_path):
+    cfg = _det_cfg(synthetic_data_root, tmp_path)
     cfg.model.backbone.windw_size = 7
     with pytest.raises(TypeError, match='windw_size'):
         entry.build_runner(cfg)
 
 
-def test_wrong_arch_is_named(data_root, tmp_path):
-    cfg = _det_cfg(data_root, tmp_path)
+def test_wrong_arch_is_named(synthetic_data_root, tmp_path):
+    cfg = _det_cfg(synthetic_data_root, tmp_path)
     cfg.model.backbone.arch = 'huge'
     with pytest.raises(Exception, match='huge'):
         entry.build_runner(cfg)
@@ -133,7 +130,8 @@ def test_amp_needs_cuda(tmp_path):
         entry.prepare_train_config(cfg, DET, work_dir=str(tmp_path), amp=True)
 
 
-def test_torchrun_two_processes_on_cpu(data_root, tmp_path):
+@pytest.mark.slow
+def test_torchrun_two_processes_on_cpu(synthetic_data_root, tmp_path):
     """tools/dist_train.sh: 2 processes (gloo), SyncBN reverted, a few iterations."""
     env = dict(
         os.environ,
@@ -144,8 +142,9 @@ def test_torchrun_two_processes_on_cpu(data_root, tmp_path):
     cmd = [
         'bash',
         osp.join(REPO, 'tools/dist_train.sh'), SEG, '2', '--work-dir',
-        str(tmp_path / 'wd'), '--cfg-options', f'train_dataloader.dataset.data_root={data_root}',
-        f'val_dataloader.dataset.data_root={data_root}', 'train_dataloader.batch_size=2',
+        str(tmp_path / 'wd'), '--cfg-options',
+        f'train_dataloader.dataset.data_root={synthetic_data_root}',
+        f'val_dataloader.dataset.data_root={synthetic_data_root}', 'train_dataloader.batch_size=2',
         'train_cfg.max_iters=3', 'train_cfg.val_interval=3', 'default_hooks.checkpoint.interval=3',
         'default_hooks.logger.interval=1', 'model.decode_head.norm_cfg.type=SyncBN',
         'env_cfg.dist_cfg.backend=nccl'

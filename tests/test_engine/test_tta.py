@@ -11,8 +11,8 @@ import pytest
 
 from polaformer_mm.analysis.gain_table import make_gain_table
 from polaformer_mm.engine import entry
-from .. import REPO
-from .._smoke import smoke_cfg_options, smoke_config, synthetic_root
+from tests import REPO
+from .._smoke import smoke_cfg_options, smoke_config
 from .._tools import load_tool
 
 MASK_RCNN = osp.join(REPO, 'configs/pola_pvt/mask-rcnn_pola-pvt-t_fpn_1x_coco.py')
@@ -21,10 +21,10 @@ RETINANET = osp.join(REPO, 'configs/pola_pvt/retinanet_pola-pvt-t_fpn_1x_coco.py
 CLS = osp.join(REPO, 'configs/imagenet/pola-pvt-tiny_8xb128_in1k.py')
 
 
-def test_detection_tta_through_test_tool(tmp_path):
-    data_root = synthetic_root(tmp_path)
+@pytest.mark.slow
+def test_detection_tta_through_test_tool(synthetic_data_root, tmp_path):
     run_dir = tmp_path / 'run'
-    cfg = smoke_config(entry.load_config(RETINANET), data_root, run_dir)
+    cfg = smoke_config(entry.load_config(RETINANET), synthetic_data_root, run_dir)
     cfg.default_hooks.checkpoint.update(interval=1, save_last=True)
     cfg.val_cfg = cfg.val_dataloader = cfg.val_evaluator = None
     entry.build_runner(cfg).train()
@@ -33,7 +33,7 @@ def test_detection_tta_through_test_tool(tmp_path):
 
     # the test tool with the same test-size override, as a user passes it; after one
     # iteration RetinaNet scores nothing above its 0.05 threshold (focal-loss prior 0.01)
-    options = smoke_cfg_options(RETINANET, data_root) + ['model.test_cfg.score_thr=0.0']
+    options = smoke_cfg_options(RETINANET, synthetic_data_root) + ['model.test_cfg.score_thr=0.0']
     test = load_tool('test.py', 'test_tool_under_test')
     results = {}
     for sub, extra in (('test', []), ('test_tta', ['--tta'])):
@@ -70,7 +70,7 @@ def test_detection_tta_through_test_tool(tmp_path):
     assert rows[0]['flops_G'] is None and 12 < rows[0]['params_M'] < 13
     assert not osp.exists(tmp_path / 'table.png')  # no pair, no chart
     with pytest.raises(FileNotFoundError, match='test_metrics.json'):
-        make_gain_table([str(data_root)])  # no test results in there
+        make_gain_table([str(synthetic_data_root)])  # no test results in there
 
 
 def _json(work_dir):

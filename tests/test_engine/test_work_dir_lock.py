@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from polaformer_mm.engine.work_dir_lock import LOCK_FILE, WorkDirLockedError, lock_work_dir
-from .._smoke import synthetic_root, two_epoch_det_config
+from tests import REPO
+from .._smoke import two_epoch_det_config
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+pytestmark = pytest.mark.slow
 
 PAUSE_HOOK = '''
 """Holds a training after the checkpoint of its first epoch until $POLA_GO exists."""
@@ -58,12 +59,12 @@ def _train(cfg, work_dir, tmp_path, *extra, env=None, wait=True):
     return proc.returncode, out, err
 
 
-def test_second_run_is_refused_and_a_killed_runs_lock_is_stale(tmp_path):
+def test_second_run_is_refused_and_a_killed_runs_lock_is_stale(synthetic_data_root, tmp_path):
     (tmp_path / 'pause_hook.py').write_text(PAUSE_HOOK)
     cfg = tmp_path / 'det.py'
     cfg.write_text(
         two_epoch_det_config(
-            synthetic_root(tmp_path),
+            synthetic_data_root,
             'pause_hook',
             extra="custom_hooks = [dict(type='PauseAfterFirstEpochHook')]\n"))
     work_dir = tmp_path / 'wd'

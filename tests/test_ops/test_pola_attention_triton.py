@@ -46,6 +46,7 @@ def interpreted():
     return _worker('interpret', interpret=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('case', sorted(CASES))
 def test_kernels_match_the_torch_path(interpreted, case):
     result = interpreted[case]
@@ -67,6 +68,7 @@ def test_kernels_match_the_torch_path(interpreted, case):
         assert all(result[name]['max_abs'] == 0 for name in ('q', 'k', 'v', 'power')), result
 
 
+@pytest.mark.slow
 def test_kernels_lower_for_a_gpu():
     """Triton's compiler needs no GPU: every kernel goes through it for sm_90 up to the
     GPU dialect (what the interpreter does not check: typing, tl.dot shapes, layouts),

@@ -6,7 +6,8 @@ import ast
 import glob
 import os.path as osp
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+from tests import REPO
+
 ROOTS = ('polaformer_mm', 'tools')
 MAX_LINES = 80
 

@@ -12,26 +12,27 @@ import sys
 import pytest
 from modelindex.load_model_index import load
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+from tests import REPO
+
 ZOO_FOLDERS = ('pola_pvt', 'pola_swin', 'imagenet')
 
 
 def _index():
-    return load(osp.join(ROOT, 'model-index.yml'))
+    return load(osp.join(REPO, 'model-index.yml'))
 
 
 def _zoo_configs():
     return sorted(
-        osp.relpath(p, ROOT) for folder in ZOO_FOLDERS
-        for p in glob.glob(osp.join(ROOT, 'configs', folder, '*.py')))
+        osp.relpath(p, REPO) for folder in ZOO_FOLDERS
+        for p in glob.glob(osp.join(REPO, 'configs', folder, '*.py')))
 
 
 def test_model_index_imports_every_zoo_metafile():
-    with open(osp.join(ROOT, 'model-index.yml')) as f:
+    with open(osp.join(REPO, 'model-index.yml')) as f:
         imported = re.findall(r'^\s*-\s*(\S+)', f.read(), re.M)
     assert imported == [f'configs/{folder}/metafile.yml' for folder in ZOO_FOLDERS]
     for path in imported:
-        assert osp.isfile(osp.join(ROOT, path)), path
+        assert osp.isfile(osp.join(REPO, path)), path
 
 
 def test_metafiles_name_existing_configs_once_each():
@@ -41,11 +42,11 @@ def test_metafiles_name_existing_configs_once_each():
     assert len(names) == len(set(names)), 'duplicate model names'
     configs = []
     for model in index.models:
-        assert osp.isfile(osp.join(ROOT, model.config)), f'{model.name}: {model.config}'
+        assert osp.isfile(osp.join(REPO, model.config)), f'{model.name}: {model.config}'
         assert osp.splitext(osp.basename(model.config))[0] == model.name
         assert model.in_collection in collections, model.name
         readme = collections[model.in_collection].readme
-        assert osp.isfile(osp.join(ROOT, readme)), readme
+        assert osp.isfile(osp.join(REPO, readme)), readme
         configs.append(model.config)
     assert sorted(configs) == _zoo_configs()  # every config of the zoo, no other
 
@@ -101,15 +102,15 @@ def test_pola_backbone_params_match_the_code():
 def _package_copy(dst):
     """The files a user's ``pip install .`` sees (tracked and new files, no tests)."""
     files = subprocess.run(['git', 'ls-files', '-co', '--exclude-standard'],
-                           cwd=ROOT,
+                           cwd=REPO,
                            capture_output=True,
                            text=True,
                            check=True).stdout.split('\n')
     for rel in files:
-        if not rel or rel.startswith('tests/') or not osp.isfile(osp.join(ROOT, rel)):
+        if not rel or rel.startswith('tests/') or not osp.isfile(osp.join(REPO, rel)):
             continue
         os.makedirs(osp.join(dst, osp.dirname(rel)), exist_ok=True)
-        shutil.copy2(osp.join(ROOT, rel), osp.join(dst, rel))
+        shutil.copy2(osp.join(REPO, rel), osp.join(dst, rel))
 
 
 def _mim():
@@ -133,6 +134,7 @@ def _check_search_output(proc):
     assert re.search(r'backbone_gflops\s+48\.68', block)
 
 
+@pytest.mark.slow
 def test_mim_search_lists_every_model_after_pip_install(tmp_path):
     mim = _mim()
     src, target = tmp_path / 'src', tmp_path / 'site'
@@ -155,6 +157,7 @@ def test_mim_search_lists_every_model_after_pip_install(tmp_path):
                        cwd=tmp_path))
 
 
+@pytest.mark.slow
 def test_mim_search_in_the_project_environment(tmp_path):
     """`make install` installs the package as users do, so `mim search` works in the venv."""
     env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}

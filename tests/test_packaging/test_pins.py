@@ -11,7 +11,8 @@ from importlib import metadata
 
 import pytest
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+from tests import REPO
+
 # 'name==version', or 'name===version' (that exact version string: no local '+cpu' build)
 PIN = re.compile(r'^([A-Za-z0-9_.\-]+)(===?)([^\s;#]+)')
 #: The requirement files of each stack, as the Makefile installs them.
@@ -25,7 +26,7 @@ MARKER = osp.join(sys.prefix, '.polaformer_mm-stack')
 def _pins(stack):
     pins = {}
     for name in STACKS[stack]:
-        with open(osp.join(ROOT, 'requirements', name)) as f:
+        with open(osp.join(REPO, 'requirements', name)) as f:
             for line in f:
                 match = PIN.match(line.strip())
                 if match:
@@ -54,7 +55,7 @@ def test_requirement_files_pin_the_stack(stack):
 
 
 def test_both_stacks_lie_in_the_range_setup_py_states():
-    with open(osp.join(ROOT, 'setup.py')) as f:
+    with open(osp.join(REPO, 'setup.py')) as f:
         setup = f.read()
     for stack in STACKS:
         torch_pin = tuple(int(x) for x in _pins(stack)['torch'][0].split('.')[:2])

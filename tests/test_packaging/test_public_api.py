@@ -5,7 +5,10 @@ import ast
 import os
 import os.path as osp
 
-from .._fresh_python import REPO, fresh_python_json
+import pytest
+
+from tests import REPO
+from .._fresh_python import fresh_python_json
 
 SCRIPT = r'''
 import json
@@ -25,6 +28,7 @@ print('@@api ' + json.dumps(dict(
 '''
 
 
+@pytest.mark.slow
 def test_import_exports_the_backbones_and_registers_the_runner():
     """``import polaformer_mm`` alone (what ``custom_imports`` does) registers the runner
     and its hooks by name, while the top level exports only the models and the version."""

@@ -63,6 +63,7 @@ def test_tiny_run_writes_table_json_png(tmp_path, capsys):
     assert png[:8] == b'\x89PNG\r\n\x1a\n' and len(png) > 10000
 
 
+@pytest.mark.slow
 def test_isolated_measurement_reports_process_memory():
     """CPU default: a fresh process per measurement; its resident-memory delta counts
     the training step's activations and gradients, the peak the whole process."""

@@ -12,25 +12,19 @@ import pytest
 from polaformer_mm.engine import entry
 from polaformer_mm.engine.dataset_check import (DatasetCheckError, check_before_training,
                                                 check_datasets, format_reports)
-from .._smoke import synthetic_root
+from tests import REPO
 from .._tools import load_tool
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DET = osp.join(REPO, 'configs/quickstart/mask-rcnn_pola-pvt-nano_fpn_synthetic.py')
 SEG = osp.join(REPO, 'configs/quickstart/fpn_pola-pvt-nano_synthetic-seg.py')
 CLS = osp.join(REPO, 'configs/imagenet/pola-pvt-tiny_8xb128_in1k.py')
 
 
-@pytest.fixture(scope='module')
-def clean_root(tmp_path_factory):
-    return synthetic_root(tmp_path_factory.mktemp('data'))
-
-
 @pytest.fixture
-def root(clean_root, tmp_path):
+def root(synthetic_data_root, tmp_path):
     """A copy of the synthetic data that a test may break."""
     copy = str(tmp_path / 'synthetic') + '/'
-    shutil.copytree(clean_root, copy)
+    shutil.copytree(synthetic_data_root, copy)
     return copy
 
 
@@ -59,9 +53,9 @@ def _findings(reports, name):
     return report, '\n'.join(f'{level}: {text}' for level, text in report.findings)
 
 
-def test_clean_synthetic_data_has_no_errors(clean_root):
+def test_clean_synthetic_data_has_no_errors(synthetic_data_root):
     for path in (DET, SEG):
-        reports = check_datasets(_cfg(path, clean_root))
+        reports = check_datasets(_cfg(path, synthetic_data_root))
         assert len(reports) == 2  # train, val (= test)
         assert not any(r.errors for r in reports), format_reports(reports)
 
@@ -81,6 +75,7 @@ def test_empty_segmentation_stops_training_with_the_report(root):
     assert name in str(info.value)
 
 
+@pytest.mark.slow
 def test_the_crash_it_prevents_and_the_opt_out(root, tmp_path):
     """With the check skipped (flag), mmdet itself fails on the same data."""
     _edit_coco(root, 'train', lambda c: [a.update(segmentation=[]) for a in c['annotations']])

@@ -16,6 +16,7 @@ from .. import REPO
 TOOL = osp.join(REPO, 'tools', 'gpu_check.py')
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason='this machine has a GPU')
 def test_without_a_gpu_it_says_so(tmp_path):
     proc = subprocess.run(
@@ -28,6 +29,7 @@ def test_without_a_gpu_it_says_so(tmp_path):
     assert not (tmp_path / 'r').exists()
 
 
+@pytest.mark.slow
 def test_probe_of_this_environment():
     probe = gpu_check.probe_environment(sys.executable)
     for name in ('polaformer_mm', 'mmengine', 'mmcv', 'mmdet.models', 'mmseg.models', 'pytest'):

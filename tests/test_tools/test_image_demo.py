@@ -17,10 +17,10 @@ from mmengine.config import Config
 
 from polaformer_mm.engine import CheckpointMismatchError
 from polaformer_mm.engine.checkpoint_fit import PARTIAL_HINT
+from tests import REPO
 from .._ddp import ddp_state_dict
 from .._tools import load_tool
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 IMAGE = osp.join(matplotlib.get_data_path(), 'sample_data', 'grace_hopper.jpg')
 
 demo = load_tool('demo/image_demo.py')
@@ -28,7 +28,7 @@ demo = load_tool('demo/image_demo.py')
 
 def _quickstart_config(scope):
     """The first quickstart config of the given default scope."""
-    for path in sorted(glob.glob(osp.join(ROOT, 'configs', 'quickstart', '*.py'))):
+    for path in sorted(glob.glob(osp.join(REPO, 'configs', 'quickstart', '*.py'))):
         if Config.fromfile(path).get('default_scope') == scope:
             return path
     pytest.fail(f'no {scope} config in configs/quickstart/')
@@ -91,7 +91,7 @@ def test_rejects_classification_configs_and_missing_files(tmp_path):
     with pytest.raises(ValueError, match='mmpretrain'):
         demo.main([
             IMAGE,
-            osp.join(ROOT, 'configs/imagenet/pola-pvt-tiny_8xb128_in1k.py'), '--out-dir',
+            osp.join(REPO, 'configs/imagenet/pola-pvt-tiny_8xb128_in1k.py'), '--out-dir',
             str(tmp_path)
         ])
     config = _quickstart_config('mmseg')
@@ -103,7 +103,7 @@ def test_rejects_classification_configs_and_missing_files(tmp_path):
 
 def _run_cli(args, cwd):
     proc = subprocess.run(
-        [sys.executable, osp.join(ROOT, 'tools', 'demo', 'image_demo.py')] + args,
+        [sys.executable, osp.join(REPO, 'tools', 'demo', 'image_demo.py')] + args,
         cwd=str(cwd),
         capture_output=True,
         text=True,
@@ -134,6 +134,7 @@ def det_weights(tmp_path_factory):
     return config, paths
 
 
+@pytest.mark.slow
 def test_weights_that_do_not_fit_stop_the_demo_as_they_stop_test_py(det_weights, tmp_path):
     config, paths = det_weights
     code, out, err = _run_cli(
@@ -182,6 +183,7 @@ def test_ddp_saved_weights_predict_as_the_plain_file(det_weights, tmp_path):
     assert preds[0]['scores'] and preds[0] == preds[1]
 
 
+@pytest.mark.slow
 def test_an_image_the_pipeline_cannot_resize_is_named(tmp_path):
     config = _quickstart_config('mmdet')
     wide, tall = tmp_path / 'wide.png', tmp_path / 'tall.png'

@@ -10,10 +10,10 @@ from mmengine.registry import DefaultScope
 
 from polaformer_mm.engine import entry
 from polaformer_mm.engine.model_check import ModelConfigError, check_model_channels
+from tests import REPO
 from ..test_models._golden import load_golden
 from ..test_models._official_files import save_official
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DET = osp.join(REPO, 'configs/quickstart/mask-rcnn_pola-pvt-nano_fpn_synthetic.py')
 UPERNET = osp.join(REPO, 'configs/pola_swin/upernet_pola-swin-t_8xb2-160k_ade20k-512x512.py')
 
@@ -26,6 +26,7 @@ def _tool(args, cwd):
     return proc.returncode, lines[-1] if lines else ''
 
 
+@pytest.mark.slow
 def test_train_names_a_neck_that_does_not_take_the_backbone_channels(tmp_path):
     # Pola-PVT-T's channels for the quickstart's Pola-PVT-nano backbone
     code, last = _tool([
@@ -70,6 +71,7 @@ def test_segmentation_heads_without_a_neck_are_checked():
         check_model_channels(_segmentor(**{'auxiliary_head.in_index': 7}))
 
 
+@pytest.mark.slow
 def test_converter_names_a_directory_as_dst(golden_dir, tmp_path):
     src = save_official(tmp_path / 'official.pth',
                         load_golden(golden_dir, 'pola_pvt_micro_LLLL.pt')['state_dict'])
@@ -85,6 +87,7 @@ def test_converter_names_a_directory_as_dst(golden_dir, tmp_path):
     assert not list((tmp_path / 'out').iterdir())
 
 
+@pytest.mark.slow
 def test_get_flops_names_a_shape_below_one_pixel(tmp_path):
     code, last = _tool([
         osp.join(REPO, 'tools/analysis_tools/get_flops.py'),
@@ -95,6 +98,7 @@ def test_get_flops_names_a_shape_below_one_pixel(tmp_path):
                     '(H W, or one size for a square)')
 
 
+@pytest.mark.slow
 def test_reproduce_names_the_gpu_counts_it_takes(tmp_path):
     code, last = _tool([
         osp.join(REPO, 'tools/reproduce.py'), 'mask-rcnn-1x', '--arch', 'pvt-t', '--gpus', '3',

@@ -2,12 +2,14 @@ import os.path as osp
 import subprocess
 import sys
 
+import pytest
 import torch
 
+from tests import REPO
 from ..test_models._golden import build_classifier, load_golden
 from ..test_models._official_files import save_official
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+pytestmark = pytest.mark.slow
 
 
 def _convert_and_check(data, src, dst):
@@ -15,7 +17,7 @@ def _convert_and_check(data, src, dst):
     classifier and gives the official logits."""
     proc = subprocess.run([
         sys.executable,
-        osp.join(ROOT, 'tools/model_converters/official2mm.py'),
+        osp.join(REPO, 'tools/model_converters/official2mm.py'),
         str(src),
         str(dst)
     ],
@@ -50,7 +52,7 @@ def test_cli_converts_an_official_file_saved_from_ddp(golden_dir, tmp_path):
 def test_cli_names_a_missing_source(tmp_path):
     proc = subprocess.run([
         sys.executable,
-        osp.join(ROOT, 'tools/model_converters/official2mm.py'),
+        osp.join(REPO, 'tools/model_converters/official2mm.py'),
         str(tmp_path / 'missing.pth'),
         str(tmp_path / 'out.pth')
     ],
@@ -66,7 +68,7 @@ def test_cli_names_a_file_that_is_no_checkpoint(tmp_path):
     src.write_text('not a checkpoint')
     proc = subprocess.run([
         sys.executable,
-        osp.join(ROOT, 'tools/model_converters/official2mm.py'),
+        osp.join(REPO, 'tools/model_converters/official2mm.py'),
         str(src),
         str(tmp_path / 'out.pth')
     ],
@@ -103,7 +105,7 @@ def test_refuses_to_overwrite_its_source(golden_dir, tmp_path, monkeypatch):
     # through the command line too, with the source left intact
     proc = subprocess.run([
         sys.executable,
-        osp.join(ROOT, 'tools/model_converters/official2mm.py'),
+        osp.join(REPO, 'tools/model_converters/official2mm.py'),
         str(src), '../official.pth'
     ],
                           capture_output=True,

@@ -29,6 +29,7 @@ def _state_dict(path):
     return torch.load(path, map_location='cpu', weights_only=True)['state_dict']
 
 
+@pytest.mark.slow
 def test_quickstart_compare_fast(quickstart_tool, tmp_path, capsys):
     work_dir = tmp_path / 'wd'
     argv = [

@@ -63,6 +63,7 @@ def _record(work_root, name, sub):
         return json.load(f)
 
 
+@pytest.mark.slow
 def test_steps_are_plain_tool_calls_printed_before_they_run(run):
     work_root, out, _ = run
     commands = [
@@ -84,6 +85,7 @@ def test_steps_are_plain_tool_calls_printed_before_they_run(run):
         assert "type='SegTTAModel'" in dumped and "type='TestTimeAug'" in dumped
 
 
+@pytest.mark.slow
 def test_gain_table_rows_and_deltas_from_the_runs_own_numbers(run):
     work_root, out, _ = run
     with open(work_root / 'gain_table_semantic-fpn.csv') as f:
@@ -118,6 +120,7 @@ def test_gain_table_rows_and_deltas_from_the_runs_own_numbers(run):
     assert matplotlib.image.imread(str(png)).shape[0] > 100
 
 
+@pytest.mark.slow
 def test_chart_draws_the_deltas(run, tmp_path):
     work_root = run[0]
     runs = gain_table.collect_runs([str(work_root)])
@@ -136,6 +139,7 @@ def test_chart_draws_the_deltas(run, tmp_path):
     assert not osp.exists(tmp_path / 'none.png')
 
 
+@pytest.mark.slow
 def test_second_call_skips_finished_steps_and_longer_runs_resume(run, monkeypatch):
     work_root, _, options = run
     monkeypatch.chdir(work_root.parent)
@@ -151,6 +155,7 @@ def test_second_call_skips_finished_steps_and_longer_runs_resume(run, monkeypatc
     assert len(tests) == 4 and all(a[3].endswith('iter_2.pth') for a in tests)
 
 
+@pytest.mark.slow
 def test_dry_run_all_prints_commands_of_existing_configs(reproduce_tool, capsys, tmp_path,
                                                          monkeypatch):
     monkeypatch.chdir(REPO)

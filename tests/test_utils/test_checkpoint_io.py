@@ -1,6 +1,5 @@
 """polaformer_mm.utils.checkpoint_io: the one reading path, its messages, atomic writes."""
 import os
-import os.path as osp
 import pickle
 import subprocess
 import sys
@@ -12,8 +11,7 @@ import torch
 
 from polaformer_mm.utils.checkpoint_io import (CheckpointError, atomic_save, load_checkpoint,
                                                process_alive, require_checkpoint, safe_load_scope)
-
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+from tests import REPO
 
 
 class _Exploit:
@@ -135,6 +133,7 @@ atomic_write(path, write)
 """
 
 
+@pytest.mark.slow
 def test_a_write_in_progress_survives_another_writer(tmp_path):
     """Two processes write one checkpoint at once: the second does not delete the
     first one's temporary file (which then used to die with FileNotFoundError)."""

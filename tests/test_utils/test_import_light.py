@@ -5,6 +5,8 @@ import pytest
 
 from .._fresh_python import fresh_python_json
 
+pytestmark = pytest.mark.slow
+
 SCRIPT = r'''
 import json, sys
 import torch
