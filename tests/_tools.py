@@ -1,5 +1,5 @@
-"""The scripts under ``tools/`` as modules, for the tests that call their functions (the
-tools are scripts, not a package: each is loaded from its file)."""
+"""The scripts under ``tools/`` (and ``.dev_scripts/``) as modules, for the tests that call
+their functions (the scripts are no package: each is loaded from its file)."""
 import importlib.util
 import os.path as osp
 from types import ModuleType
@@ -8,11 +8,11 @@ from typing import Optional
 from tests import REPO
 
 
-def load_tool(path: str, name: Optional[str] = None) -> ModuleType:
-    """Execute ``tools/<path>`` (e.g. ``'analysis_tools/get_flops.py'``) as a new module
-    named ``name`` (default: the file's name without ``.py``) and return it."""
+def load_tool(path: str, name: Optional[str] = None, folder: str = 'tools') -> ModuleType:
+    """Execute ``<folder>/<path>`` (e.g. ``'analysis_tools/get_flops.py'`` of ``tools/``) as
+    a new module named ``name`` (default: the file's name without ``.py``) and return it."""
     name = name or osp.splitext(osp.basename(path))[0]
-    spec = importlib.util.spec_from_file_location(name, osp.join(REPO, 'tools', path))
+    spec = importlib.util.spec_from_file_location(name, osp.join(REPO, folder, path))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -1,7 +1,6 @@
 """The install guard: how .dev_scripts/build_mmcv_wheel.sh builds mmcv's ops for the torch at
 hand (CUDA ops for a CUDA torch, a stop with the fix where nvcc is missing), and the
 run-time check that stops a model on CUDA whose mmcv has no CUDA ops."""
-import importlib.util
 import os
 import os.path as osp
 import stat
@@ -14,21 +13,13 @@ import torch
 from polaformer_mm.utils.mmcv_ops import (CPU_ONLY_ENV, MmcvCudaOpsError, check_mmcv_cuda_ops,
                                           mmcv_cuda_ops_version, uses_mmcv_ops)
 from .. import REPO
+from .._tools import load_tool
 
 SCRIPT = osp.join(REPO, '.dev_scripts', 'build_mmcv_wheel.sh')
 HELPER = osp.join(REPO, '.dev_scripts', 'mmcv_build_plan.py')
 
-
-def _load_build_plan():
-    """The maintainers' script .dev_scripts/mmcv_build_plan.py, loaded by its path (it is
-    no part of the package)."""
-    spec = importlib.util.spec_from_file_location('mmcv_build_plan', HELPER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-build_plan = _load_build_plan()
+# the maintainers' script, loaded by its path (it is no part of the package)
+build_plan = load_tool('mmcv_build_plan.py', folder='.dev_scripts')
 MmcvBuildError = build_plan.MmcvBuildError
 arch_list_from_capabilities = build_plan.arch_list_from_capabilities
 plan_mmcv_build = build_plan.plan_mmcv_build
