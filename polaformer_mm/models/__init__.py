@@ -1,8 +1,9 @@
 from .attention import PolaLinearAttention
 from .backbones import PolaPVT, PolaSwin
 from .official_weights import convert_official_checkpoint, convert_official_state_dict
+from .warm_start import WarmStartReport, warm_start
 
 __all__ = [
-    'PolaLinearAttention', 'PolaPVT', 'PolaSwin', 'convert_official_checkpoint',
-    'convert_official_state_dict'
+    'PolaLinearAttention', 'PolaPVT', 'PolaSwin', 'WarmStartReport',
+    'convert_official_checkpoint', 'convert_official_state_dict', 'warm_start'
 ]
