@@ -1,10 +1,12 @@
 """Softmax checkpoints in the upstream layouts, made from the real upstream modules.
 
-mmdet's ``PyramidVisionTransformer`` / ``SwinTransformer`` with seeded random weights
-give the mmdet-layout state dicts; the official release layouts (whai362/PVT v1,
-microsoft/Swin-Transformer) are made from them by renaming keys the other way round of
-mmdet's own readers (``pvt_convert``, ``swin_converter``), which the tests run on the
-results to show that mmdet reads them back.
+mmdet's ``PyramidVisionTransformer`` / ``PyramidVisionTransformerV2`` /
+``SwinTransformer`` and mmpretrain's ``VisionTransformer`` with seeded random weights
+give the mmdet / mmpretrain-layout state dicts; the official release layouts
+(whai362/PVT v1 and v2, microsoft/Swin-Transformer, facebookresearch/deit) are made from
+them by renaming keys the other way round of mmdet's own readers (``pvt_convert``,
+``swin_converter``), which the tests run on the results to show that mmdet reads them
+back (DeiT: the key names of the DeiT / timm release).
 """
 import re
 from collections import OrderedDict
@@ -20,6 +22,11 @@ PVT_POLA = dict(
         num_heads=[1, 2, 5, 8],
         mlp_ratios=[8, 8, 4, 4],
         sr_ratios=[8, 4, 2, 1]))
+PVTV2_MMDET = dict(
+    embed_dims=8, num_layers=[1, 2, 1, 1], num_heads=[1, 2, 5, 8], drop_path_rate=0.)
+PVTV2_POLA = dict(arch=dict(PVT_POLA['arch']), drop_path_rate=0.)
+VIT_ARCH = dict(embed_dims=32, num_layers=3, num_heads=2, feedforward_channels=64)
+VIT_POLA = dict(arch=VIT_ARCH, img_size=64, out_indices=(0, 2), drop_path_rate=0.)
 SWIN_MMDET = dict(
     embed_dims=16, depths=[1, 2, 1, 1], num_heads=[1, 2, 4, 8], window_size=2, drop_path_rate=0.)
 SWIN_POLA = dict(
@@ -41,6 +48,18 @@ def randomise(module, seed):
 def mmdet_pvt(seed=0, **kwargs):
     from mmdet.models.backbones import PyramidVisionTransformer
     return randomise(PyramidVisionTransformer(**{**PVT_MMDET, **kwargs}), seed)
+
+
+def mmdet_pvtv2(seed=0, **kwargs):
+    from mmdet.models.backbones import PyramidVisionTransformerV2
+    return randomise(PyramidVisionTransformerV2(**{**PVTV2_MMDET, **kwargs}), seed)
+
+
+def mmpretrain_deit(seed=0, **kwargs):
+    from mmpretrain.models.backbones import VisionTransformer
+    kwargs = {'arch': VIT_ARCH, 'img_size': 64, 'out_indices': (0, 2), 'out_type': 'featmap',
+              **kwargs}
+    return randomise(VisionTransformer(**kwargs), seed)
 
 
 def mmdet_swin(seed=0, **kwargs):
@@ -90,6 +109,72 @@ def pvt_release_layout(state_dict):
     width = out[f'pos_embed{last}'].shape[-1]
     out['cls_token'] = torch.full((1, 1, width), 0.25)
     out.update(classifier_extras(width))
+    return out
+
+
+def pvtv2_release_layout(state_dict):
+    """mmdet PVTv2 keys -> whai362/PVT (v2) release keys (``mlp.dwconv.dwconv``, stage
+    norms ``norm{i}``), the final-norm-free classifier's head added."""
+    out = OrderedDict()
+    for key, value in state_dict.items():
+        m = re.match(r'^layers\.(\d+)\.(0|1\.(\d+)|2)\.(.+)$', key)
+        stage, part, rest = int(m[1]) + 1, m[2], m[4]
+        if part == '0':
+            out[f'patch_embed{stage}.{rest.replace("projection", "proj")}'] = value
+        elif part == '2':
+            out[f'norm{stage}.{rest}'] = value
+        else:
+            block = f'block{stage}.{m[3]}.'
+            in_proj = re.match(r'attn\.attn\.in_proj_(weight|bias)', rest)
+            if in_proj:
+                dims = value.shape[0] // 3
+                out[f'{block}attn.q.{in_proj[1]}'] = value[:dims]
+                out[f'{block}attn.kv.{in_proj[1]}'] = value[dims:]
+                continue
+            for old, new in (('attn.attn.out_proj.', 'attn.proj.'), ('ffn.layers.0.', 'mlp.fc1.'),
+                             ('ffn.layers.1.', 'mlp.dwconv.dwconv.'),
+                             ('ffn.layers.4.', 'mlp.fc2.')):
+                if rest.startswith(old):
+                    rest = new + rest[len(old):]
+                    if new.startswith(('mlp.fc1', 'mlp.fc2')) and value.dim() == 4:
+                        value = value.flatten(1)
+            out[block + rest] = value
+    out.update((k, v) for k, v in classifier_extras(value.shape[0]).items()
+               if k.startswith('head.'))
+    return out
+
+
+def deit_release_layout(state_dict, distilled=False):
+    """mmpretrain VisionTransformer keys -> DeiT / timm release keys (``blocks.{j}``,
+    ``norm1``, ``mlp.fc1``, ``norm``, ``head``; ``dist_token``, its position row and
+    ``head_dist`` for a distilled DeiT)."""
+    out = OrderedDict()
+    renames = [('ln1.', 'norm1.'), ('ln2.', 'norm2.'), ('ffn.layers.0.0.', 'mlp.fc1.'),
+               ('ffn.layers.1.', 'mlp.fc2.')]
+    for key, value in state_dict.items():
+        block = re.match(r'^layers\.(\d+)\.(.+)$', key)
+        if block:
+            rest = block[2]
+            for old, new in renames:
+                if rest.startswith(old):
+                    rest = new + rest[len(old):]
+            out[f'blocks.{block[1]}.{rest}'] = value
+        elif key.startswith('ln1.'):
+            out['norm.' + key[len('ln1.'):]] = value
+        elif key.startswith('patch_embed.projection.'):
+            out[key.replace('projection', 'proj')] = value
+        elif key == 'pos_embed' and distilled:
+            out[key] = torch.cat([value[:, :1], torch.full_like(value[:, :1], 0.5), value[:, 1:]],
+                                 dim=1)
+        else:
+            out[key] = value
+    width = out['cls_token'].shape[-1]
+    heads = ('head', 'head_dist') if distilled else ('head', )
+    for head in heads:
+        out.update((k.replace('head', head), v)
+                   for k, v in classifier_extras(width).items() if k.startswith('head.'))
+    if distilled:
+        out['dist_token'] = torch.full_like(out['cls_token'], 0.75)
     return out
 
 

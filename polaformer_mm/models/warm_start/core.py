@@ -16,6 +16,7 @@
 """
 import inspect
 import re
+from collections import OrderedDict
 from typing import Dict, Optional, Set, Tuple
 
 import torch
@@ -132,7 +133,8 @@ def guess_arch(backbone: PolaBackboneBase, state_dict) -> Optional[str]:
     """The arch of the backbone's family whose softmax twin (other arguments as the
     backbone's) fits ``state_dict`` exactly; None if none does. Twins are built on the
     meta device where the backbone allows it."""
-    for arch in sorted(a for a in type(backbone).arch_zoo if len(a) > 1):
+    # the full names first (PolaViT has 'deit-t' beside 'deit-tiny')
+    for arch in sorted((a for a in type(backbone).arch_zoo if len(a) > 1), key=lambda a: (-len(a), a)):
         for device in ('meta', 'cpu'):
             try:
                 with torch.device(device):
@@ -143,6 +145,21 @@ def guess_arch(backbone: PolaBackboneBase, state_dict) -> Optional[str]:
                 return arch
             break
     return None
+
+
+def fit_grids(twin: PolaBackboneBase, converted: Converted) -> Converted:
+    """Position tables of the file resized to the twin's grids, where the backbone
+    resizes them on load itself (PolaViT's ``pos_embed`` learned at another size)."""
+    fit = getattr(twin, '_fit_grids', None)
+    if fit is None:
+        return converted
+    fitted = fit(OrderedDict(converted.state_dict))
+    origin = dict(converted.origin)
+    for key, value in fitted.items():
+        if value.shape != converted.state_dict[key].shape:
+            file_key, how = origin[key]
+            origin[key] = (file_key, '; '.join(filter(None, [how, f'resized to {tuple(value.shape)}'])))
+    return converted._replace(state_dict=OrderedDict(fitted), origin=origin)
 
 
 def load_twin(twin: PolaBackboneBase, converted: Converted, backbone: PolaBackboneBase,
@@ -205,6 +222,11 @@ class _Transfer:
     def source(self, twin_key: str, rows: Optional[slice] = None) -> str:
         """The file tensor behind ``twin_key`` (rows of it), as the report names it."""
         file_key, how = self.converted.origin[twin_key]
+        for start, stop, piece in self.converted.pieces.get(twin_key, ()):
+            if rows is not None and start <= rows.start and rows.stop <= stop:
+                whole = (rows.start, rows.stop) == (start, stop)
+                how = '' if whole else f'rows {rows.start - start}:{rows.stop - start}'
+                return self.prefix + piece + (f' ({how})' if how else '')
         offset = re.fullmatch(r'rows (\d+):(\d+)', how)
         if rows is not None:
             start = int(offset[1]) if offset else 0
@@ -259,6 +281,7 @@ class _Transfer:
     def unused_file_keys(self) -> Dict[str, str]:
         """File keys none of whose tensors reached the backbone, with the reason."""
         used_files = {self.converted.origin[k][0] for k in self.used}
+        used_files.update(p[2] for k in self.used for p in self.converted.pieces.get(k, ()))
         unused = {}
         for twin_key in self.converted.state_dict:  # in the file's order
             if twin_key not in self.from_file or twin_key in self.used:
@@ -299,6 +322,7 @@ def warm_start(backbone: PolaBackboneBase,
     layout = _choose_layout(state_dict, backbone, source)
     converted = layout.convert(state_dict)
     twin = softmax_twin(backbone)
+    converted = fit_grids(twin, converted)
     from_file, extra = load_twin(twin, converted, backbone, source, layout)
     fresh_init(backbone)
 

@@ -36,6 +36,8 @@ class Converted(NamedTuple):
     state_dict: 'OrderedDict[str, Tensor]'  #: twin key -> tensor
     origin: Dict[str, Tuple[str, str]]  #: twin key -> (file key, how it was changed or '')
     dropped: Dict[str, str]  #: file key -> why it has no place in the backbone
+    #: twin key -> [(first row, end row, file key)] for a tensor joined from several
+    pieces: Dict[str, List[Tuple[int, int, str]]] = {}
 
 
 class Layout(NamedTuple):
@@ -51,6 +53,7 @@ class _Builder:
 
     def __init__(self):
         self.state_dict, self.origin, self.dropped = OrderedDict(), {}, {}
+        self.pieces = {}
 
     def put(self, key: str, value: Tensor, source: str, how: str = '') -> None:
         if key in self.state_dict:
@@ -63,7 +66,7 @@ class _Builder:
         self.dropped[source] = why
 
     def result(self) -> Converted:
-        return Converted(self.state_dict, self.origin, self.dropped)
+        return Converted(self.state_dict, self.origin, self.dropped, self.pieces)
 
 
 def _matches(keys: Sequence[str], *patterns: str) -> bool:
@@ -240,6 +243,108 @@ def _swin_mm(state_dict: Dict[str, Tensor]) -> Converted:
     return out.result()
 
 
+# ---------------------------------------------------------------- PVTv2 -------------
+
+def _classifier_part(key: str) -> str:
+    """Why a file key of a classification release has no place in a backbone."""
+    if key.startswith(('head.', 'head_dist.')):
+        return 'classifier head'
+    if key.startswith('norm.'):
+        return 'final norm of the classifier'
+    if key in ('cls_token', 'dist_token'):
+        return 'class token of the classifier'
+    return 'not read by the converter'
+
+
+def _pvtv2_official(state_dict: Dict[str, Tensor]) -> Converted:
+    """whai362/PVT (v2) keys (``patch_embed1``, ``block1.0.attn.q``, ``mlp.dwconv``,
+    ``norm1``) by mmdet's own ``pvt_convert`` to mmdet's PyramidVisionTransformerV2
+    keys, the twin's (the file key of every tensor found back by its storage; the
+    ``in_proj`` joined from ``q`` and ``kv``)."""
+    from mmdet.models.backbones.pvt import pvt_convert
+    out = _Builder()
+    owner = {v.data_ptr(): k for k, v in state_dict.items()}
+    for key, value in pvt_convert(state_dict).items():
+        joined = re.match(r'^layers\.(\d+)\.1\.(\d+)\.attn\.attn\.in_proj_(weight|bias)$', key)
+        if joined:
+            block = f'block{int(joined[1]) + 1}.{joined[2]}.attn.'
+            q, kv = f'{block}q.{joined[3]}', f'{block}kv.{joined[3]}'
+            dims = state_dict[q].shape[0]
+            out.put(key, value, q, f'rows 0:{dims}, with {kv} as rows {dims}:{3 * dims}')
+            out.pieces[key] = [(0, dims, q), (dims, 3 * dims, kv)]
+            continue
+        source = owner.get(value.data_ptr(), key)
+        how = ('linear weight as a 1x1 conv' if source in state_dict
+               and state_dict[source].dim() != value.dim() else '')
+        out.put(key, value, source, how)
+    named = {o[0] for o in out.origin.values()}
+    named.update(p[2] for pieces in out.pieces.values() for p in pieces)
+    for key in state_dict:
+        if key not in named:
+            out.drop(key, _classifier_part(key))
+    return out.result()
+
+
+# ---------------------------------------------------------------- DeiT / ViT --------
+
+_DEIT_BLOCK = [('norm1.', 'ln1.'), ('norm2.', 'ln2.'), ('attn.', 'attn.'),
+               ('mlp.fc1.', 'ffn.layers.0.0.'), ('mlp.fc2.', 'ffn.layers.1.')]
+
+
+def _drop_distillation(out: _Builder, state_dict: Dict[str, Tensor], key: str) -> None:
+    """A distilled DeiT's ``dist_token`` and its row (1) of the position embedding."""
+    value = state_dict[key]
+    if 'dist_token' in state_dict:
+        out.put('pos_embed', torch.cat([value[:, :1], value[:, 2:]], dim=1), key,
+                'distillation-token row dropped')
+    else:
+        out.put('pos_embed', value, key)
+
+
+def _vit_mm(state_dict: Dict[str, Tensor]) -> Converted:
+    """mmpretrain's VisionTransformer keys (the twin's); a distilled DeiT's
+    distillation token is dropped."""
+    out = _Builder()
+    for key, value in state_dict.items():
+        if key == 'dist_token':
+            out.drop(key, 'distillation token')
+        elif key == 'pos_embed':
+            _drop_distillation(out, state_dict, key)
+        else:
+            out.put(key, value, key)
+    return out.result()
+
+
+def _vit_official(state_dict: Dict[str, Tensor]) -> Converted:
+    """The official DeiT / timm ViT keys: ``cls_token``, ``pos_embed``,
+    ``patch_embed.proj``, ``blocks.{j}`` (``norm1``, ``attn.qkv``, ``attn.proj``,
+    ``norm2``, ``mlp.fc1``, ``mlp.fc2``), ``norm``, ``head`` (and ``dist_token`` /
+    ``head_dist`` of the distilled models) -> mmpretrain's VisionTransformer keys."""
+    out = _Builder()
+    for key, value in state_dict.items():
+        block = re.match(r'^blocks\.(\d+)\.(.+)$', key)
+        if key.startswith(('head.', 'head_dist.')):
+            out.drop(key, 'classifier head')
+        elif key == 'dist_token':
+            out.drop(key, 'distillation token')
+        elif key == 'pos_embed':
+            _drop_distillation(out, state_dict, key)
+        elif key.startswith('patch_embed.proj.'):
+            out.put(key.replace('.proj.', '.projection.', 1), value, key)
+        elif key.startswith('norm.'):
+            out.put('ln1.' + key[len('norm.'):], value, key)
+        elif block:
+            rest = block[2]
+            for old, new in _DEIT_BLOCK:
+                if rest.startswith(old):
+                    rest = new + rest[len(old):]
+                    break
+            out.put(f'layers.{block[1]}.{rest}', value, key)
+        else:
+            out.put(key, value, key)
+    return out.result()
+
+
 # ---------------------------------------------------------------- registry ----------
 
 _PVT_OWN = (r'^layers\.\d+\.patch_embed\.proj\.weight$', r'^layers\.\d+\.blocks\.\d+\.attn\.q\.')
@@ -247,8 +352,8 @@ _PVT_V1 = (r'^patch_embed1\.proj\.weight$', r'^pos_embed1$', r'^block1\.\d+\.att
 _PVT_MMDET = (r'^layers\.\d+\.0\.projection\.weight$', r'^layers\.\d+\.1\.0\.pos_embed$',
               r'^layers\.\d+\.1\.\d+\.attn\.attn\.in_proj_weight$')
 _PVTV2_RELEASE = (r'^patch_embed1\.proj\.weight$', r'^block1\.\d+\.mlp\.dwconv\.')
-_PVTV2_MMDET = (r'^layers\.\d+\.0\.projection\.weight$',
-                r'^layers\.\d+\.1\.0\.attn\.attn\.in_proj_weight$', r'^layers\.\d+\.2\.weight$')
+_PVTV2_OWN = (r'^layers\.\d+\.0\.projection\.weight$', r'^layers\.\d+\.2\.weight$',
+               r'^layers\.\d+\.1\.\d+\.ffn\.layers\.1\.weight$')
 _SWIN_OWN = (r'^patch_embed\.proj\.weight$', r'^stages\.\d+\.blocks\.\d+\.attn\.qkv\.weight$')
 _SWIN_OFFICIAL = (r'^patch_embed\.proj\.weight$', r'^layers\.\d+\.blocks\.\d+\.attn\.qkv\.weight$')
 _SWIN_MM = (r'^patch_embed\.projection\.weight$',
@@ -257,8 +362,7 @@ _VIT_OFFICIAL = (r'^cls_token$', r'^patch_embed\.proj\.weight$', r'^blocks\.\d+\
 _VIT_MM = (r'^cls_token$', r'^patch_embed\.projection\.weight$',
            r'^layers\.\d+\.attn\.qkv\.weight$')
 
-#: every layout, by family; a family's own converters come first, then the layouts
-#: known only to name a file of another family (``convert=None``)
+#: every layout, by family
 LAYOUTS: List[Layout] = [
     Layout('pvt', 'PolaPVT with softmax stages', lambda k: _matches(k, *_PVT_OWN), identity),
     Layout('pvt', 'the official PVT v1 release (whai362/PVT)',
@@ -270,14 +374,15 @@ LAYOUTS: List[Layout] = [
            lambda k: _matches(k, *_SWIN_OFFICIAL), _swin_official),
     Layout('swin', "mmdet's / mmpretrain's SwinTransformer", lambda k: _matches(k, *_SWIN_MM),
            _swin_mm),
+    Layout('pvtv2', "mmdet's PyramidVisionTransformerV2 (PolaPVTv2's own keys)",
+           lambda k: _matches(k, *_PVTV2_OWN) and _lacks(k, r'^layers\.\d+\.1\.0\.pos_embed$'),
+           identity),
     Layout('pvtv2', 'the official PVTv2 release (whai362/PVT)',
-           lambda k: _matches(k, *_PVTV2_RELEASE) and _lacks(k, r'^pos_embed1$'), None),
-    Layout('pvtv2', "mmdet's PyramidVisionTransformerV2",
-           lambda k: _matches(k, *_PVTV2_MMDET) and _lacks(k, r'^layers\.\d+\.1\.0\.pos_embed$'),
-           None),
+           lambda k: _matches(k, *_PVTV2_RELEASE) and _lacks(k, r'^pos_embed1$'), _pvtv2_official),
+    Layout('vit', "mmpretrain's VisionTransformer (PolaViT's own keys)",
+           lambda k: _matches(k, *_VIT_MM), _vit_mm),
     Layout('vit', 'the official DeiT / timm ViT release', lambda k: _matches(k, *_VIT_OFFICIAL),
-           None),
-    Layout('vit', "mmpretrain's VisionTransformer", lambda k: _matches(k, *_VIT_MM), None),
+           _vit_official),
 ]
 
 #: keys only Pola attention has (official PolaFormer files and ours alike)
