@@ -37,8 +37,8 @@ def backbone_cfg_of(config: Optional[str] = None,
         cfg['arch'] = arch
     if attn_types is not None:
         cfg['attn_types'] = attn_types
-    cfg.pop('init_cfg', None)
-    cfg.pop('pretrained', None)
+    for key in ('init_cfg', 'pretrained', '_delete_'):
+        cfg.pop(key, None)
     return cfg
 
 
@@ -47,10 +47,11 @@ def build_backbone(cfg: dict) -> PolaBackboneBase:
     from mmengine.registry import MODELS
 
     import polaformer_mm  # noqa: F401  (registers the backbones)
-    module = MODELS.build(dict(cfg))
-    if not isinstance(module, PolaBackboneBase):
+    cls = MODELS.get(cfg.get('type')) if isinstance(cfg.get('type'), str) else cfg.get('type')
+    if not (isinstance(cls, type) and issubclass(cls, PolaBackboneBase)):
         raise TypeError(f'{cfg.get("type")!r} is not a Pola backbone; the warm start builds '
                         'PolaPVT, PolaSwin, PolaPVTv2 or PolaViT')
+    module = MODELS.build(dict(cfg))
     backbone_family(module)
     return module
 
