@@ -29,8 +29,9 @@ def backbone_cfg_of(config: Optional[str] = None,
         model = Config.fromfile(config).get('model', {})
         if not isinstance(model, dict) or 'backbone' not in model:
             raise KeyError(f'config {config!r} has no model.backbone')
-        cfg = copy.deepcopy(model['backbone'].to_dict() if hasattr(model['backbone'], 'to_dict')
-                            else dict(model['backbone']))
+        backbone_cfg = model['backbone']
+        to_dict = getattr(backbone_cfg, 'to_dict', None)
+        cfg = copy.deepcopy(to_dict() if to_dict else dict(backbone_cfg))
     else:
         cfg = dict(type=backbone)
     if arch is not None:
