@@ -11,7 +11,7 @@ import torch
 from ...utils.checkpoint_io import atomic_save
 from ...version import __version__
 from ..backbones.base import PolaBackboneBase
-from ..official_weights import _refuse_same_file
+from ..official_weights import refuse_same_file
 from .core import backbone_family, describe, warm_start
 from .report import WarmStartReport
 
@@ -79,7 +79,7 @@ def convert_softmax_checkpoint(backbone_cfg: dict,
         tuple: the report and the written state dict.
     """
     src, dst = os.fspath(src), os.fspath(dst)
-    _refuse_same_file(src, dst)
+    refuse_same_file(src, dst)
     if osp.isdir(osp.expanduser(dst)):
         raise ValueError(f'DST {dst!r} is an existing directory: give the path of the file '
                          f'to write, e.g. {osp.join(dst, "warm_start.pth")!r}')

@@ -14,7 +14,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from ..official_weights import _PVT_RULES, _SWIN_RULES
+from ..official_weights import PVT_RULES, SWIN_RULES
 
 #: the families a warm start knows, by the Pola backbone class that carries them
 FAMILY_OF_BACKBONE = {
@@ -118,7 +118,7 @@ def _pvt_official(state_dict: Dict[str, Tensor]) -> Converted:
             out.put(f'layers.{stages[-1] - 1}.pos_embed', value[:, 1:], key,
                     'class-token row dropped')
         else:
-            _, new_key = _rule_target(key, _PVT_RULES)
+            _, new_key = _rule_target(key, PVT_RULES)
             out.put(new_key or key, value, key)
     return out.result()
 
@@ -191,7 +191,7 @@ def _swin_official(state_dict: Dict[str, Tensor]) -> Converted:
         elif key.startswith('norm.'):
             out.put(f'norm{num_stages - 1}.{key[len("norm."):]}', value, key)
         else:
-            matched, new_key = _rule_target(key, _SWIN_RULES)
+            matched, new_key = _rule_target(key, SWIN_RULES)
             if matched and new_key is None:
                 out.drop(key, 'buffer (the model rebuilds it)')
             else:
