@@ -155,8 +155,8 @@ def test_a_file_of_another_size_loads_resized_as_mmpretrain_resizes_it():
     pola224 = _randomise(PolaViT(arch=TINY))
     pola = PolaViT(arch=TINY, img_size=(64, 96))
     pola.load_state_dict(pola224.state_dict(), strict=True)
-    want = resize_token_grid(pola224.layers[1].attn.positional_encoding.detach(), (14, 14),
-                             (4, 6), 'bicubic')
+    want = resize_token_grid(pola224.layers[1].attn.positional_encoding.detach(), (14, 14), (4, 6),
+                             'bicubic')
     torch.testing.assert_close(pola.layers[1].attn.positional_encoding.detach(), want)
 
 
@@ -186,9 +186,8 @@ def test_deit_tiny_mixed_blocks_forward():
     """The real size, blocks of both kinds (one letter per block), at an odd size."""
     torch.manual_seed(0)
     model = PolaViT(arch='deit-tiny', out_indices=OUT_INDICES, attn_types='LSLSLLSSLLLS')
-    assert [type(b.attn).__name__ for b in model.layers[:2]] == [
-        'PolaViTAttention', 'ViTSoftmaxAttention'
-    ]
+    assert [type(b.attn).__name__
+            for b in model.layers[:2]] == ['PolaViTAttention', 'ViTSoftmaxAttention']
     model.init_weights()
     with torch.no_grad():
         outs = model.eval()(torch.randn(1, 3, 97, 131))
@@ -240,7 +239,8 @@ def _pola_extra_per_block(C, heads, grid, kernel_size=5):
 
 
 @pytest.mark.parametrize(
-    'arch', ['deit-tiny', 'deit-small', pytest.param('deit-base', marks=pytest.mark.slow)])
+    'arch', ['deit-tiny', 'deit-small',
+             pytest.param('deit-base', marks=pytest.mark.slow)])
 def test_parameter_counts(arch):
     """All-'S' equals mmpretrain's DeiT; all-'L' adds the Pola parameters per block.
     The short aliases name the same sizes."""
@@ -252,17 +252,18 @@ def test_parameter_counts(arch):
     assert sum(p.numel() for p in twin.parameters()) == count
     assert twin.state_dict().keys() == ref.state_dict().keys()
     C, heads = ref.embed_dims, ref.arch_settings['num_heads']
-    assert sum(p.numel() for p in pola.parameters()) == count + 12 * _pola_extra_per_block(
-        C, heads, 14 * 14)
+    assert sum(p.numel()
+               for p in pola.parameters()) == count + 12 * _pola_extra_per_block(C, heads, 14 * 14)
     assert short.arch == pola.arch
     # an 'L' and an 'S' block differ only in the module at attn
     paths = {k for k in pola.state_dict() if '.attn.' not in k}
     assert paths == {k for k in twin.state_dict() if '.attn.' not in k}
     assert all(pola.state_dict()[k].shape == twin.state_dict()[k].shape for k in paths)
-    assert {k.split('.attn.')[1] for k in pola.state_dict() if '.attn.' in k} == {
-        'qkvg.weight', 'qkvg.bias', 'proj.weight', 'proj.bias', 'dwc.weight', 'dwc.bias',
-        'power', 'scale', 'positional_encoding'
-    }
+    assert {k.split('.attn.')[1]
+            for k in pola.state_dict() if '.attn.' in k} == {
+                'qkvg.weight', 'qkvg.bias', 'proj.weight', 'proj.bias', 'dwc.weight', 'dwc.bias',
+                'power', 'scale', 'positional_encoding'
+            }
 
 
 def test_strict_loads_name_what_does_not_fit(tmp_path):
@@ -280,8 +281,9 @@ def test_strict_loads_name_what_does_not_fit(tmp_path):
     path = str(tmp_path / 'model.pth')
     torch.save(dict(state_dict={f'model.{k}': v for k, v in twin.state_dict().items()}), path)
     model = PolaViT(
-        arch=TINY, attn_types='S', init_cfg=dict(type='Pretrained', checkpoint=path,
-                                                 prefix='backbone.'))
+        arch=TINY,
+        attn_types='S',
+        init_cfg=dict(type='Pretrained', checkpoint=path, prefix='backbone.'))
     with pytest.raises(KeyError, match="no key of .* starts with prefix 'backbone.'"):
         model.init_weights()
 
@@ -293,9 +295,10 @@ def test_frozen_stages_as_mmpretrain():
     ref = VisionTransformer(arch=TINY, frozen_stages=2, out_type='featmap')
     ref.train()
     twin = PolaViT(arch=TINY, frozen_stages=2, attn_types='S')
-    assert {n for n, p in ref.named_parameters() if not p.requires_grad} == {
-        n for n, p in twin.named_parameters() if not p.requires_grad
-    }
+    assert {n
+            for n, p in ref.named_parameters() if not p.requires_grad
+            } == {n
+                  for n, p in twin.named_parameters() if not p.requires_grad}
     assert {n.split('.')[0] for n in frozen} == {'cls_token', 'pos_embed', 'patch_embed', 'layers'}
     assert {n.split('.')[1] for n in frozen if n.startswith('layers')} == {'0', '1'}
     assert not model.layers[1].training and model.layers[2].training
@@ -338,8 +341,7 @@ def test_mmseg_upernet_with_multilevel_neck_takes_the_outputs():
     from mmseg.registry import MODELS
     model = PolaViT(arch='deit-tiny', out_indices=OUT_INDICES, img_size=64).eval()
     neck = MODELS.build(
-        dict(type='MultiLevelNeck', in_channels=[192] * 4, out_channels=32,
-             scales=[4, 2, 1, 0.5]))
+        dict(type='MultiLevelNeck', in_channels=[192] * 4, out_channels=32, scales=[4, 2, 1, 0.5]))
     head = MODELS.build(
         dict(
             type='UPerHead',
