@@ -73,7 +73,7 @@ def split_heads(x: Tensor, num_heads: int, head_dims: int) -> Tensor:
     return x.reshape(x.shape[0], x.shape[1], num_heads, head_dims).transpose(1, 2)
 
 
-def _linear_parts(layer: nn.Linear, x: Tensor, parts: int) -> List[Tensor]:
+def linear_parts(layer: nn.Linear, x: Tensor, parts: int) -> List[Tensor]:
     """``layer(x).chunk(parts, -1)``, each part its own matrix product with its rows of
     the weight: every part is a dense (..., C) tensor (the values go to the depthwise
     conv without a copy), and none is as large as the whole output (at detection sizes
@@ -231,17 +231,17 @@ class PolaLinearAttention(nn.Module):
                     f'PolaLinearAttention expects (B, {H}*{W}, {self.embed_dims}) tokens for '
                     f'hw_shape {tuple(hw_shape)}; got {tuple(x.shape)}')
         if self.family == 'swin':
-            q, k, v, g = _linear_parts(self.qkvg, x, 4)
+            q, k, v, g = linear_parts(self.qkvg, x, 4)
             kv_hw = (H, W)
         else:
             if padding_mask is not None:
                 raise ValueError('padding_mask needs keys on the query grid (the '
                                  "'swin' family)")
-            q, g = _linear_parts(self.qg, x, 2)
+            q, g = linear_parts(self.qg, x, 2)
             kv_hw = (H, W)
             if self.reduction is not None:
                 x, kv_hw = self.reduction(x, hw_shape)
-            k, v = _linear_parts(self.kv, x, 2)
+            k, v = linear_parts(self.kv, x, 2)
 
         if pos_encoding is None:
             pos_encoding = resize_token_grid(

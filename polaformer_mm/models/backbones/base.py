@@ -16,7 +16,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from ..utils import check_sizes, nlc_to_nchw
 
 
-def _is_int(value) -> bool:
+def is_int(value) -> bool:
+    """An integer that is not a bool (``True`` is not a stage index)."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
@@ -178,9 +179,9 @@ class PolaBackboneBase(BaseModule):
         if len(attn_types) != num_stages or set(attn_types) - set('LS'):
             raise ValueError(f"attn_types must be {num_stages} letters of 'L'/'S', "
                              f'got {attn_types!r}')
-        if _is_int(out_indices):  # one stage, as mmdet's and mmpretrain's backbones take it
+        if is_int(out_indices):  # one stage, as mmdet's and mmpretrain's backbones take it
             out_indices = (out_indices, )
-        if not isinstance(out_indices, (list, tuple)) or not all(map(_is_int, out_indices)):
+        if not isinstance(out_indices, (list, tuple)) or not all(map(is_int, out_indices)):
             raise TypeError(f'out_indices must be an int or a list/tuple of ints (stages '
                             f'0..{num_stages - 1}), got {out_indices!r} '
                             f'({type(out_indices).__name__})')
@@ -188,7 +189,7 @@ class PolaBackboneBase(BaseModule):
         if not out_indices or any(i < 0 or i >= num_stages for i in out_indices):
             raise ValueError(f'out_indices must name stages in '
                              f'0..{num_stages - 1}, got {out_indices}')
-        if not _is_int(frozen_stages):
+        if not is_int(frozen_stages):
             raise TypeError(f'frozen_stages must be an int in -1..{num_stages} (-1: nothing '
                             f'frozen), got {frozen_stages!r} ({type(frozen_stages).__name__})')
         frozen_stages = int(frozen_stages)

@@ -17,10 +17,10 @@ from mmpretrain.models.utils import MultiheadAttention, build_norm_layer
 from torch import Tensor
 
 from ...ops import pola_linear_attention
-from ..attention import PolaLinearAttention, _linear_parts, split_heads
+from ..attention import PolaLinearAttention, linear_parts, split_heads
 from ..utils import (StagePositionalEncodings, check_sizes, drop_path_rates, nlc_to_nchw,
                      pad_to_multiple, resize_token_grid, run_blocks, softmax_attention)
-from .base import PolaBackboneBase, _is_int, check_positive_int, check_probability
+from .base import PolaBackboneBase, check_positive_int, check_probability, is_int
 
 #: The interpolation modes of the position embeddings (separable, see
 #: :func:`~polaformer_mm.models.utils.resize_token_grid`).
@@ -115,7 +115,7 @@ class PolaViTAttention(PolaLinearAttention):
         (q, k, v, g, eps, _), scale = self._project(
             x[:, 1:], hw_shape, pos_encoding=pos_encoding, divide=False)
         h, d = self.num_heads, self.head_dims
-        q_cls, k_cls, v_cls, g_cls = _linear_parts(self.qkvg, x[:, :1], 4)
+        q_cls, k_cls, v_cls, g_cls = linear_parts(self.qkvg, x[:, :1], 4)
         q_cls, k_cls, v_cls = (split_heads(t, h, d) for t in (q_cls, k_cls, v_cls))
         keys, values = torch.cat([k_cls, k], dim=2), torch.cat([v_cls, v], dim=2)
         out = pola_linear_attention(q, keys, values, self.power, self.alpha, eps, scale=scale)
@@ -372,15 +372,15 @@ class PolaViT(PolaBackboneBase):
         """Negative indices counted from the end, as mmpretrain and mmseg count them; a
         named error for indices beyond the blocks (types are checked by
         :meth:`_setup_stages`)."""
-        one = _is_int(out_indices)
+        one = is_int(out_indices)
         indices = [out_indices] if one else out_indices
         if not isinstance(indices, (list, tuple)):
             return out_indices
-        bad = [i for i in indices if _is_int(i) and not -num_layers <= i < num_layers]
+        bad = [i for i in indices if is_int(i) and not -num_layers <= i < num_layers]
         if bad:
             raise ValueError(f'out_indices must name blocks in 0..{num_layers - 1} (or '
                              f'-{num_layers}..-1 from the end), got {out_indices}')
-        return [i + num_layers if _is_int(i) and i < 0 else i for i in indices]
+        return [i + num_layers if is_int(i) and i < 0 else i for i in indices]
 
     @staticmethod
     def _check_vit_args(img_size, patch_size, in_channels, interpolate_mode,
