@@ -35,6 +35,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..models.backbones.pola_pvt import PolaPVT
+from ..models.backbones.pola_pvtv2 import PolaPVTv2
 from ..models.backbones.pola_swin import PolaSwin
 from .memory import CpuMemory, CudaMemory, memory_note
 
@@ -56,6 +57,8 @@ _SWIN_ARCH = {'t': 'tiny', 's': 'small', 'b': 'base'}
 # drop path as in the repo's configs: detection 0.2 (t, s), UperNet 0.3 (b, the only
 # size with no detection config)
 _SWIN_DROP_PATH = {'t': 0.2, 's': 0.2, 'b': 0.3}
+_PVTV2_ARCH = ('b0', 'b1', 'b2')
+_DEIT_ARCH = {'t': 'deit-tiny', 's': 'deit-small', 'b': 'deit-base'}
 
 
 def _swin_sizes(arch: str) -> dict:
@@ -114,6 +117,51 @@ def _named_backbones() -> Dict[str, dict]:
                 out_indices=(0, 1, 2, 3),
                 with_cp=False),
             config=config.format(''))
+    named.update(_pvtv2_backbones())
+    named.update(_deit_backbones())
+    return named
+
+
+def _pvtv2_backbones() -> Dict[str, dict]:
+    """Pola-PVTv2 b0-b2 beside mmdet's PyramidVisionTransformerV2 of the same size."""
+    named = {}
+    for arch in _PVTV2_ARCH:
+        sizes = {**PolaPVTv2._arch_defaults, **PolaPVTv2.arch_zoo[arch]}
+        config = f'configs/pola_pvtv2/mask-rcnn_{{}}pvtv2-{arch}_fpn_1x_coco.py'
+        named[f'pola-pvtv2-{arch}'] = dict(
+            scope=None,
+            cfg=dict(
+                type='PolaPVTv2',
+                arch=arch,
+                attn_types='LLLL',
+                drop_path_rate=0.1,
+                out_indices=(0, 1, 2, 3)),
+            config=config.format('pola-'))
+        named[f'pvtv2-{arch}'] = dict(
+            scope='mmdet',
+            cfg=dict(
+                type='PyramidVisionTransformerV2',
+                embed_dims=sizes['embed_dims'][0],
+                num_layers=list(sizes['depths']),
+                drop_path_rate=0.1),
+            config=config.format(''))
+    return named
+
+
+def _deit_backbones() -> Dict[str, dict]:
+    """Pola-DeiT beside mmpretrain's DeiT (``VisionTransformer``), both giving the four
+    1/16 maps of the UperNet configs (blocks 2/5/8/11, no final norm)."""
+    named = {}
+    for k, arch in _DEIT_ARCH.items():
+        common = dict(arch=arch, out_indices=(2, 5, 8, 11), final_norm=False, drop_path_rate=0.1)
+        named[f'pola-deit-{k}'] = dict(
+            scope=None,
+            cfg=dict(type='PolaViT', attn_types='L', **common),
+            config=f'configs/pola_vit/upernet_pola-deit-{k}16_8xb2-80k_ade20k-512x512.py')
+        named[f'deit-{k}'] = dict(
+            scope='mmpretrain',
+            cfg=dict(type='VisionTransformer', out_type='featmap', **common),
+            config=f'configs/pola_vit/upernet_deit-{k}16_8xb2-80k_ade20k-512x512.py')
     return named
 
 
