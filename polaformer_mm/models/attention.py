@@ -256,17 +256,23 @@ class PolaLinearAttention(nn.Module):
         """Attend over the tokens ``x`` (B, H*W, C) laid out on ``hw_shape``;
         the arguments are those of :meth:`project`. Returns (B, H*W, C)."""
         B, N, C = x.shape
-        H, W = hw_shape
         (q, k, v, g, eps, _), scale = self._project(
             x, hw_shape, padding_mask, pos_encoding, divide=False)
-        h, d, n = self.num_heads, self.head_dims, k.shape[2]
         out = pola_linear_attention(q, k, v, self.power, self.alpha, eps, scale=scale)
         out = out.transpose(1, 2).reshape(B, N, C)
+        out = self.proj((out + self.local_term(v, hw_shape)) * g)
+        return self.proj_drop(out)
 
-        # Local term: one depthwise conv shared by all heads, run as one depthwise
-        # conv over all C = h*d channels with the kernel repeated per head (channel
-        # head * d + j uses kernel j), on v in its token layout (B, N, C) seen as a
-        # channels-last map: no per-head copies of v or of the result.
+    def local_term(self, v: Tensor, hw_shape: Sequence[int]) -> Tensor:
+        """The depthwise conv of the values ``v`` (B, h, n, d) on the query grid
+        ``hw_shape`` (H, W), as tokens (B, H*W, C)."""
+        B, n = v.shape[0], v.shape[2]
+        H, W = hw_shape
+        h, d, C, N = self.num_heads, self.head_dims, self.embed_dims, H * W
+        # One depthwise conv shared by all heads, run as one depthwise conv over all
+        # C = h*d channels with the kernel repeated per head (channel head * d + j uses
+        # kernel j), on v in its token layout (B, N, C) seen as a channels-last map: no
+        # per-head copies of v or of the result.
         # the branch follows the structure, not the sizes (keys on the query grid
         # without reduction; with it, an interpolation to the same size of a one-token
         # map changes nothing), so that a captured graph serves every size
@@ -278,10 +284,7 @@ class PolaLinearAttention(nn.Module):
             v = v.transpose(1, 2).reshape(B, H, W, C).permute(0, 3, 1, 2)
         bias = None if self.dwc.bias is None else self.dwc.bias.repeat(h)
         v = depthwise_conv(v, self.dwc.weight.repeat(h, 1, 1, 1), bias)
-        v = v.permute(0, 2, 3, 1).reshape(B, N, C)
-
-        out = self.proj((out + v) * g)
-        return self.proj_drop(out)
+        return v.permute(0, 2, 3, 1).reshape(B, N, C)
 
 
 class SpatialReductionAttention(nn.Module):

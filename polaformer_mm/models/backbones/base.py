@@ -1,4 +1,4 @@
-"""What PolaPVT and PolaSwin share: argument checks, stage freezing, the forward
+"""What the Pola backbones share: argument checks, stage freezing, the forward
 over stages, weight init and loading of official or converted checkpoints."""
 import numbers
 import warnings
@@ -61,10 +61,13 @@ class PolaBackboneBase(BaseModule):
     """Common behaviour of the Pola backbones.
 
     Subclasses set ``family`` ('pvt' or 'swin': the official model family, whose
-    checkpoints they load), ``arch_zoo``, ``_arch_keys``, ``_arch_defaults`` and
-    ``_arch_stage_lists``, check their arguments with :meth:`_check_common_args`, and
-    implement ``forward_stages`` (yielding raw stage tokens and their grid) and
-    ``_frozen_modules`` (the modules ``frozen_stages`` covers).
+    checkpoints they load; 'vit', which has none), ``arch_zoo``, ``_arch_keys``,
+    ``_arch_defaults`` and ``_arch_stage_lists``, check their arguments with
+    :meth:`_check_common_args`, and implement ``forward_stages`` (yielding raw stage
+    tokens and their grid) and ``_frozen_modules`` (the modules ``frozen_stages``
+    covers). A single-resolution backbone (PolaViT) checks its own arguments, uses
+    :meth:`_setup_stages` with one "stage" per block, and has its own ``forward``
+    (:meth:`_check_images` checks its input).
     """
 
     family: Optional[str] = None
@@ -197,6 +200,23 @@ class PolaBackboneBase(BaseModule):
 
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
         """Images (B, C, H, W) -> the maps of the ``out_indices`` stages."""
+        self._check_images(x)
+        outs = []
+        last = max(self.out_indices)
+        for i, (tokens, hw_shape) in enumerate(self.forward_stages(x)):
+            if i in self.out_indices:
+                # contiguous (B, C, H, W), as mmdet's and mmseg's backbones return: the
+                # token layout viewed as a map is channels-last, which convolutions
+                # carry on to the neck's outputs, and mmcv's compiled ops (RoIAlign in
+                # every two-stage head, among others) index their input as plain NCHW
+                # without checking its strides: they would read scrambled features
+                outs.append(nlc_to_nchw(self._stage_output(i, tokens), hw_shape).contiguous())
+            if i == last:
+                break
+        return tuple(outs)
+
+    def _check_images(self, x: Tensor) -> None:
+        """A named error unless ``x`` is a non-empty (B, in_channels, H, W) batch."""
         name = type(self).__name__
         if x.dim() != 4:
             raise ValueError(f'{name} expects (B, C, H, W) images, '
@@ -212,19 +232,6 @@ class PolaBackboneBase(BaseModule):
             return None
 
         check_sizes(size_error)
-        outs = []
-        last = max(self.out_indices)
-        for i, (tokens, hw_shape) in enumerate(self.forward_stages(x)):
-            if i in self.out_indices:
-                # contiguous (B, C, H, W), as mmdet's and mmseg's backbones return: the
-                # token layout viewed as a map is channels-last, which convolutions
-                # carry on to the neck's outputs, and mmcv's compiled ops (RoIAlign in
-                # every two-stage head, among others) index their input as plain NCHW
-                # without checking its strides: they would read scrambled features
-                outs.append(nlc_to_nchw(self._stage_output(i, tokens), hw_shape).contiguous())
-            if i == last:
-                break
-        return tuple(outs)
 
     def _in_channels(self) -> int:
         first = next(m for m in self.modules() if isinstance(m, nn.Conv2d))

@@ -1,0 +1,482 @@
+"""Pola-DeiT: mmpretrain's plain ViT at the DeiT sizes with polarity-aware linear
+attention, at any input size."""
+import math
+import re
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+from mmcv.cnn.bricks import DropPath
+from mmcv.cnn.bricks.transformer import PatchEmbed
+from mmengine.logging import MMLogger
+from mmengine.model.weight_init import trunc_normal_
+from mmengine.registry import MODELS
+from mmengine.utils import to_2tuple
+from mmpretrain.models.backbones.vision_transformer import (TransformerEncoderLayer,
+                                                            VisionTransformer)
+from mmpretrain.models.utils import MultiheadAttention, build_norm_layer
+from torch import Tensor
+
+from ...ops import pola_linear_attention
+from ..attention import PolaLinearAttention, _linear_parts, split_heads
+from ..utils import (StagePositionalEncodings, check_sizes, drop_path_rates, nlc_to_nchw,
+                     pad_to_multiple, resize_token_grid, run_blocks, softmax_attention)
+from .base import PolaBackboneBase, _is_int, check_positive_int, check_probability
+
+#: The interpolation modes of the position embeddings (separable, see
+#: :func:`~polaformer_mm.models.utils.resize_token_grid`).
+INTERPOLATE_MODES = ('bicubic', 'bilinear')
+
+
+class ViTPatchEmbed(PatchEmbed):
+    """mmcv's ``PatchEmbed`` as mmpretrain's ViT builds it (a conv with kernel = stride,
+    'corner' padding: the bottom / right zero-padded to a multiple of the patch, so the
+    grid is ``ceil(H / patch)``), its padding done by
+    :func:`~polaformer_mm.models.utils.pad_to_multiple` so that a captured graph pads
+    by the amounts of any input size.
+
+    Input: images (B, C, H, W). Output: tokens (B, h*w, embed_dims) and (h, w).
+    """
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, Tuple[int, int]]:
+        """Patch tokens and their grid."""
+        x = self.projection(pad_to_multiple(x, self.projection.stride[0]))
+        return x.flatten(2).transpose(1, 2), (x.shape[2], x.shape[3])
+
+
+class ViTSoftmaxAttention(MultiheadAttention):
+    """mmpretrain's ``MultiheadAttention`` (its parameters and forward) whose attention
+    product is :func:`~polaformer_mm.models.utils.softmax_attention`: the same
+    ``F.scaled_dot_product_attention`` in eager runs, and under a graph capture the same
+    maths in the operators of every ONNX opset (the SDPA operator exports from opset 14
+    only). Takes mmpretrain's arguments."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if kwargs.get('qk_scale') is not None:
+            raise ValueError('ViTSoftmaxAttention takes no qk_scale (the scale is '
+                             'head_dims ** -0.5)')
+        self.scaled_dot_product_attention = self._attend
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.) -> Tensor:
+        return softmax_attention(q, k, v, self.head_dims, dropout_p, dropout_p > 0)
+
+
+class PolaViTAttention(PolaLinearAttention):
+    """Pola attention over a class token and a grid of patch tokens.
+
+    A :class:`~polaformer_mm.models.attention.PolaLinearAttention` of the 'swin'
+    family (one ``qkvg`` projection, ``proj``, ``dwc``, ``power``, ``scale``,
+    ``positional_encoding`` on the patch grid), without parameters of its own. All
+    tokens share the projections, the gate and the output projection; they differ in
+    how they attend:
+
+    * a patch token's query attends by the Pola op (linear cost) to the keys and
+      values of all 1 + H*W tokens (the class token's key carries no positional
+      encoding), plus the local term (the depthwise conv of the patch values on the
+      grid);
+    * the class token's query attends by softmax (``q k^T / sqrt(d)``) to the same
+      keys and values: one query, so its exact softmax costs O(H*W), as little as
+      the Pola op's; it has no local term (it is not on the grid).
+
+    Input: tokens (B, 1 + H*W, C), the class token first, and the patch grid
+    ``hw_shape`` (H, W). Output: (B, 1 + H*W, C).
+    """
+
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 pos_grid: Sequence[int],
+                 kernel_size: int = 5,
+                 alpha: float = 4.0,
+                 qkv_bias: bool = True,
+                 proj_drop: float = 0.):
+        super().__init__(
+            embed_dims,
+            num_heads,
+            pos_grid,
+            kernel_size=kernel_size,
+            alpha=alpha,
+            qkv_bias=qkv_bias,
+            family='swin',
+            proj_drop=proj_drop)
+
+    def forward(self,
+                x: Tensor,
+                hw_shape: Sequence[int],
+                pos_encoding: Optional[Tensor] = None) -> Tensor:
+        """Attend (see the class docstring); ``pos_encoding``: ``P`` already on the
+        patch grid (1, H*W, C), or None to resize it here."""
+        B, L, C = x.shape
+        H, W = hw_shape
+        check_sizes(lambda: None if L == H * W + 1 else
+                    f'PolaViTAttention expects (B, 1 + {H}*{W}, {self.embed_dims}) tokens '
+                    f'(the class token first) for hw_shape {tuple(hw_shape)}; got '
+                    f'{tuple(x.shape)}')
+        (q, k, v, g, eps, _), scale = self._project(
+            x[:, 1:], hw_shape, pos_encoding=pos_encoding, divide=False)
+        h, d = self.num_heads, self.head_dims
+        q_cls, k_cls, v_cls, g_cls = _linear_parts(self.qkvg, x[:, :1], 4)
+        q_cls, k_cls, v_cls = (split_heads(t, h, d) for t in (q_cls, k_cls, v_cls))
+        keys, values = torch.cat([k_cls, k], dim=2), torch.cat([v_cls, v], dim=2)
+        out = pola_linear_attention(q, keys, values, self.power, self.alpha, eps, scale=scale)
+        out = out.transpose(1, 2).reshape(B, H * W, C) + self.local_term(v, hw_shape)
+        out_cls = softmax_attention(q_cls, keys, values, d, 0., False)
+        out_cls = out_cls.transpose(1, 2).reshape(B, 1, C)
+        out = torch.cat([out_cls * g_cls, out * g], dim=1)
+        return self.proj_drop(self.proj(out))
+
+
+class ViTBlock(TransformerEncoderLayer):
+    """mmpretrain's ``TransformerEncoderLayer`` (``ln1``, ``attn``, ``ln2``, ``ffn``)
+    with the attention of ``attn_type``: 'S' mmpretrain's ``MultiheadAttention``
+    (:class:`ViTSoftmaxAttention`: the same parameters and results), 'L'
+    :class:`PolaViTAttention` with stochastic depth on its branch. Every other module
+    is mmpretrain's, whatever the attention.
+
+    Args:
+        attn_type (str): 'L' or 'S'.
+        pos_grid (Sequence[int]): The patch grid of the 'L' positional encoding.
+        alpha (float): Pola exponent ``1 + alpha * sigmoid(power)``.
+        kernel_size (int): Pola depthwise-conv kernel (odd).
+        **kwargs: ``TransformerEncoderLayer``'s arguments (``embed_dims``,
+            ``num_heads``, ``feedforward_channels``, ``drop_rate``,
+            ``attn_drop_rate``, ``drop_path_rate``, ``qkv_bias``, ``norm_cfg``).
+
+    Inputs: tokens (B, 1 + H*W, C), the grid (H, W), and optionally the 'L' block's
+    ``P`` on that grid. Output: tokens (B, 1 + H*W, C).
+    """
+
+    def __init__(self, attn_type: str, pos_grid: Sequence[int], alpha: float, kernel_size: int,
+                 **kwargs):
+        super().__init__(**kwargs)
+        self.attn_type = attn_type
+        embed_dims, num_heads = kwargs['embed_dims'], kwargs['num_heads']
+        drop_path_rate = kwargs.get('drop_path_rate', 0.)
+        if attn_type == 'S':
+            self.attn = ViTSoftmaxAttention(
+                embed_dims=embed_dims,
+                num_heads=num_heads,
+                attn_drop=kwargs.get('attn_drop_rate', 0.),
+                proj_drop=kwargs.get('drop_rate', 0.),
+                dropout_layer=dict(type='DropPath', drop_prob=drop_path_rate),
+                qkv_bias=kwargs.get('qkv_bias', True))
+        elif attn_type == 'L':
+            self.attn = PolaViTAttention(
+                embed_dims,
+                num_heads,
+                pos_grid,
+                kernel_size=kernel_size,
+                alpha=alpha,
+                qkv_bias=kwargs.get('qkv_bias', True),
+                proj_drop=kwargs.get('drop_rate', 0.))
+            self.drop_path = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
+        else:
+            raise ValueError(f"attn_type must be 'L' or 'S', got {attn_type!r}")
+
+    def forward(self,
+                x: Tensor,
+                hw_shape: Sequence[int],
+                pos_encoding: Optional[Tensor] = None) -> Tensor:
+        """The block on the tokens ``x`` (see the class docstring)."""
+        if self.attn_type == 'S':
+            return super().forward(x)
+        x = x + self.drop_path(self.attn(self.ln1(x), hw_shape, pos_encoding))
+        return self.ffn(self.ln2(x), identity=x)
+
+
+@MODELS.register_module()
+class PolaViT(PolaBackboneBase):
+    """Pola-DeiT backbone: mmpretrain's ``VisionTransformer`` (DeiT sizes) with
+    polarity-aware linear attention, for dense prediction at any input size.
+
+    Its modules and state-dict keys are those of mmpretrain's ViT (``cls_token``,
+    ``pos_embed``, ``patch_embed.projection.*``, ``layers.{j}.ln1 / attn / ln2 /
+    ffn.*``, the final norm ``ln1.*``); only the module at ``layers.{j}.attn`` depends
+    on the block's attention. With every block 'S' it is mmpretrain's DeiT: it loads
+    its state dicts and gives its feature maps.
+
+    The class token in an 'L' block (:class:`PolaViTAttention`): the patch queries
+    attend by the Pola op to all tokens, the class token included (one more key and
+    value, without positional encoding); the class query attends by softmax to the
+    same keys and values. Why: the Pola op serves the many patch queries at linear
+    cost, and the class token's key and value keep the path by which the global
+    summary reaches every patch, as in DeiT; the single class query is DeiT's readout
+    for classification, and its exact softmax costs O(H*W), no more than the op, so
+    nothing is approximated where exactness is free (with a zero positional encoding,
+    as a fresh model has, it is the softmax of DeiT's own query and keys). The local
+    term (the depthwise conv of the values) exists on the patch grid only.
+
+    Args:
+        arch (str | dict): 'deit-tiny', 'deit-small', 'deit-base' (or 'deit-t',
+            'deit-s', 'deit-b', and 't', 's', 'b'; mmpretrain's DeiT sizes), or a dict
+            with mmpretrain's ``embed_dims``, ``num_layers``, ``num_heads`` and
+            ``feedforward_channels``. Default: 'deit-small'.
+        img_size (int | tuple): Input size the position embedding (and the Pola
+            positional encodings) are learned at; at other sizes they are resized.
+            Default: 224.
+        patch_size (int): Patch size. Default: 16.
+        in_channels (int): Image channels. Default: 3.
+        out_indices (int | Sequence[int]): Blocks whose outputs are returned, as
+            (B, C, ceil(H / 16), ceil(W / 16)) maps of the patch tokens; negative
+            indices count from the end (mmpretrain / mmseg). Default: -1 (the last).
+        attn_types (str | Sequence[str]): 'L' (Pola) or 'S' (softmax), one letter for
+            all blocks or one per block. Default: 'L'.
+        alpha (float): Pola exponent ``1 + alpha * sigmoid(power)``. Default: 4.0.
+        kernel_size (int): Kernel of the Pola depthwise conv (odd). Default: 5.
+        qkv_bias (bool): Bias of the attention projections. Default: True.
+        drop_rate (float): Dropout after the position embedding and the
+            projections. Default: 0.
+        attn_drop_rate (float): Dropout on the softmax weights of 'S' blocks.
+            Default: 0.
+        drop_path_rate (float): Stochastic depth, rising linearly over the blocks to
+            this value. Default: 0.
+        norm_cfg (dict): Norms. Default: ``dict(type='LN', eps=1e-6)``.
+        final_norm (bool): Normalise the output of the last block (``ln1``).
+            Default: True (mmpretrain's default; mmseg's ViT defaults to False).
+        output_cls_token (bool): Return ``[map, class token (B, C)]`` per index
+            (mmseg's meaning). Default: False.
+        interpolate_mode (str): Resizing of the position embedding: 'bicubic' or
+            'bilinear'. Default: 'bicubic'.
+        frozen_stages (int): mmpretrain's meaning: k >= 1 freezes the patch and
+            position embeddings, the class token and blocks 0..k-1 (and the final
+            norm when k is the number of blocks); 0 and -1 freeze nothing.
+            Default: -1.
+        norm_eval (bool): Keep BatchNorm layers (if any) in eval mode. Default: False.
+        with_cp (bool): Gradient checkpointing per block. Default: False.
+        pretrained (str, optional): Deprecated, as in mmseg; the same as
+            ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)``.
+        init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=...,
+            prefix=...)`` loads weights strictly (a position embedding or positional
+            encoding learned on another square grid is resized); None uses DeiT's
+            initialisation. Default: None.
+
+    Input: images (B, in_channels, H, W), any H and W. Output: a tuple with one map (or
+    ``[map, class token]``) per ``out_indices`` entry.
+    """
+
+    family = 'vit'
+    arch_zoo: Dict[str, dict] = {
+        **{
+            k: v
+            for k, v in VisionTransformer.arch_zoo.items() if k.startswith('deit-')
+        },
+        **{
+            k: VisionTransformer.arch_zoo[f'deit-{k}']
+            for k in 'tsb'
+        },
+    }
+    _arch_keys = ('embed_dims', 'num_layers', 'num_heads', 'feedforward_channels')
+
+    def __init__(self,
+                 arch: Union[str, dict] = 'deit-small',
+                 img_size: Union[int, Sequence[int]] = 224,
+                 patch_size: int = 16,
+                 in_channels: int = 3,
+                 out_indices: Union[int, Sequence[int]] = -1,
+                 attn_types: Union[str, Sequence[str]] = 'L',
+                 alpha: float = 4.0,
+                 kernel_size: int = 5,
+                 qkv_bias: bool = True,
+                 drop_rate: float = 0.,
+                 attn_drop_rate: float = 0.,
+                 drop_path_rate: float = 0.,
+                 norm_cfg: dict = dict(type='LN', eps=1e-6),
+                 final_norm: bool = True,
+                 output_cls_token: bool = False,
+                 interpolate_mode: str = 'bicubic',
+                 frozen_stages: int = -1,
+                 norm_eval: bool = False,
+                 with_cp: bool = False,
+                 pretrained: Optional[str] = None,
+                 init_cfg: Optional[dict] = None):
+        super().__init__(init_cfg=init_cfg, pretrained=pretrained)
+        self.arch = self._parse_vit_arch(arch)
+        num_layers, embed_dims = self.arch['num_layers'], self.arch['embed_dims']
+        self._setup_stages(num_layers, self._block_attn_types(attn_types, num_layers),
+                           self._block_indices(out_indices, num_layers), frozen_stages, norm_eval,
+                           with_cp)
+        self._check_vit_args(
+            img_size, patch_size, in_channels, interpolate_mode,
+            dict(drop_rate=drop_rate, attn_drop_rate=attn_drop_rate, drop_path_rate=drop_path_rate))
+        self.interpolate_mode = interpolate_mode
+        self.final_norm = bool(final_norm)
+        self.output_cls_token = bool(output_cls_token)
+        self.num_features = [embed_dims] * num_layers
+
+        self.patch_embed = ViTPatchEmbed(
+            in_channels=in_channels,
+            input_size=to_2tuple(img_size),
+            embed_dims=embed_dims,
+            conv_type='Conv2d',
+            kernel_size=patch_size,
+            stride=patch_size)
+        self.patch_resolution = tuple(self.patch_embed.init_out_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dims))
+        self.pos_embed = nn.Parameter(
+            torch.zeros(1, 1 + math.prod(self.patch_resolution), embed_dims))
+        self.drop_after_pos = nn.Dropout(p=drop_rate)
+        dpr = drop_path_rates(drop_path_rate, [num_layers])[0]
+        self.layers = nn.ModuleList(
+            ViTBlock(
+                self.attn_types[j],
+                self.patch_resolution,
+                alpha,
+                kernel_size,
+                embed_dims=embed_dims,
+                num_heads=self.arch['num_heads'],
+                feedforward_channels=self.arch['feedforward_channels'],
+                drop_rate=drop_rate,
+                attn_drop_rate=attn_drop_rate,
+                drop_path_rate=dpr[j],
+                qkv_bias=qkv_bias,
+                norm_cfg=norm_cfg) for j in range(num_layers))
+        if self.final_norm:
+            self.ln1 = build_norm_layer(norm_cfg, embed_dims)
+        self._pos_encodings = StagePositionalEncodings()
+        # a file learned at another size loads with its grids resized, as in mmpretrain
+        self._register_load_state_dict_pre_hook(self._fit_grids_hook)
+        self._freeze_stages()  # before any optimizer sees the parameters
+
+    def _parse_vit_arch(self, arch: Union[str, dict]) -> dict:
+        if isinstance(arch, str):
+            if arch.lower() not in self.arch_zoo:
+                raise KeyError(f'Unknown PolaViT arch {arch!r}; choose from '
+                               f'{sorted(self.arch_zoo)} or pass a dict')
+            return dict(self.arch_zoo[arch.lower()])
+        if not isinstance(arch, dict):
+            raise TypeError(f'PolaViT arch must be a str or dict, got {type(arch)}')
+        missing = [k for k in self._arch_keys if k not in arch]
+        if missing:
+            raise KeyError(f'PolaViT arch dict misses keys {missing} '
+                           f'(needs {list(self._arch_keys)})')
+        arch = {k: arch[k] for k in self._arch_keys}
+        for key, value in arch.items():
+            check_positive_int(f'arch {key}', value)
+        if arch['embed_dims'] % arch['num_heads']:
+            raise ValueError(f"arch embed_dims {arch['embed_dims']} is not divisible by "
+                             f"num_heads {arch['num_heads']}")
+        return arch
+
+    @staticmethod
+    def _block_attn_types(attn_types, num_layers: int) -> str:
+        """One letter per block; a named error otherwise."""
+        letters = ''.join(attn_types) if isinstance(attn_types, (list, tuple)) else attn_types
+        if not isinstance(letters, str) or len(letters) not in (
+                1, num_layers) or set(letters.upper()) - set('LS'):
+            raise ValueError(f"attn_types must be one letter 'L'/'S' for all {num_layers} "
+                             f'blocks or one per block, got {attn_types!r}')
+        return letters.upper() * (num_layers if len(letters) == 1 else 1)
+
+    @staticmethod
+    def _block_indices(out_indices, num_layers: int):
+        """Negative indices counted from the end, as mmpretrain and mmseg count them; a
+        named error for indices beyond the blocks (types are checked by
+        :meth:`_setup_stages`)."""
+        one = _is_int(out_indices)
+        indices = [out_indices] if one else out_indices
+        if not isinstance(indices, (list, tuple)):
+            return out_indices
+        bad = [i for i in indices if _is_int(i) and not -num_layers <= i < num_layers]
+        if bad:
+            raise ValueError(f'out_indices must name blocks in 0..{num_layers - 1} (or '
+                             f'-{num_layers}..-1 from the end), got {out_indices}')
+        return [i + num_layers if _is_int(i) and i < 0 else i for i in indices]
+
+    @staticmethod
+    def _check_vit_args(img_size, patch_size, in_channels, interpolate_mode,
+                        drop_rates: Dict[str, float]) -> None:
+        for s in to_2tuple(img_size):
+            check_positive_int('img_size', s)
+        check_positive_int('patch_size', patch_size)
+        check_positive_int('in_channels', in_channels)
+        if interpolate_mode not in INTERPOLATE_MODES:
+            raise ValueError(f'interpolate_mode must be one of {INTERPOLATE_MODES}, got '
+                             f'{interpolate_mode!r}')
+        for name, rate in drop_rates.items():
+            check_probability(name, rate)
+
+    def forward(self, x: Tensor) -> Tuple[Union[Tensor, List[Tensor]], ...]:
+        """Images (B, C, H, W) -> the outputs of the ``out_indices`` blocks (see the
+        class docstring)."""
+        self._check_images(x)
+        patches, hw_shape = self.patch_embed(x)
+        pos = self.pos_embed
+        patches = patches + resize_token_grid(pos[:, 1:], self.patch_resolution, hw_shape,
+                                              self.interpolate_mode)
+        cls_token = (self.cls_token + pos[:, :1]).expand(x.shape[0], -1, -1)
+        x = self.drop_after_pos(torch.cat([cls_token, patches], dim=1))
+        encodings = self._pos_encodings([block.attn for block in self.layers], hw_shape)
+        outs, last = [], max(self.out_indices)
+        for i, block in enumerate(self.layers[:last + 1]):
+            x = run_blocks([block], x, hw_shape, self.with_cp, [encodings[i]])
+            if i == len(self.layers) - 1 and self.final_norm:
+                x = self.ln1(x)
+            if i in self.out_indices:
+                # contiguous maps, as PolaBackboneBase.forward returns them
+                out = nlc_to_nchw(x[:, 1:], hw_shape).contiguous()
+                outs.append([out, x[:, 0]] if self.output_cls_token else out)
+        return tuple(outs)
+
+    def _frozen_modules(self):
+        if self.frozen_stages < 1:
+            return
+        yield self.patch_embed
+        yield self.drop_after_pos
+        yield from self.layers[:self.frozen_stages]
+        if self.frozen_stages == len(self.layers) and self.final_norm:
+            yield self.ln1
+
+    def _freeze_stages(self) -> None:
+        super()._freeze_stages()
+        if self.frozen_stages >= 1:
+            self.cls_token.requires_grad = False
+            self.pos_embed.requires_grad = False
+
+    def _official_init(self) -> None:
+        """DeiT's initialisation: trunc-normal(0.02) linears, position embedding and
+        class token, unit LayerNorms; the Pola-specific parameters start at zero."""
+        super()._official_init()
+        trunc_normal_(self.cls_token, std=.02)
+
+    def _optional_key(self, key: str) -> bool:
+        """Without ``final_norm``, a file's final norm (``ln1.*``) is left unused, as
+        mmseg's ViT leaves it."""
+        return not self.final_norm and key.startswith('ln1.')
+
+    def _load_pretrained(self, state_dict, source) -> None:
+        super()._load_pretrained(self._fit_grids(dict(state_dict)), source)
+
+    def _fit_grids_hook(self, state_dict, prefix, *args, **kwargs) -> None:
+        fitted = self._fit_grids({
+            k[len(prefix):]: v
+            for k, v in state_dict.items() if k.startswith(prefix)
+        })
+        state_dict.update({prefix + k: v for k, v in fitted.items()})
+
+    def _fit_grids(self, state_dict: Dict[str, Tensor]) -> Dict[str, Tensor]:
+        """Resize a ``pos_embed`` and 'L' ``positional_encoding`` learned on another
+        square grid to this model's (``interpolate_mode`` / bicubic, as at run time);
+        other tensors, and those whose size is no square grid, as they are (a shape
+        mismatch is then named by the loader)."""
+        for key, value in list(state_dict.items()):
+            match = re.fullmatch(r'layers\.(\d+)\.attn\.positional_encoding', key)
+            if key == 'pos_embed':
+                own, extra, mode = self.pos_embed, 1, self.interpolate_mode
+            elif match and int(match[1]) < len(self.layers) and isinstance(
+                    self.layers[int(match[1])].attn, PolaLinearAttention):
+                own, extra, mode = self.layers[int(match[1])].attn.positional_encoding, 0, 'bicubic'
+            else:
+                continue
+            side = math.isqrt(max(value.shape[1] - extra, 0)) if value.dim() == 3 else 0
+            if (value.shape == own.shape or value.dim() != 3 or value.shape[2] != own.shape[2]
+                    or side * side + extra != value.shape[1] or side == 0):
+                continue
+            with torch.no_grad():
+                grid = resize_token_grid(value[:, extra:].float(), (side, side),
+                                         self.patch_resolution, mode).to(value.dtype)
+                state_dict[key] = torch.cat([value[:, :extra], grid], dim=1)
+            MMLogger.get_current_instance().info(
+                f'PolaViT: resized {key} from a {side}x{side} grid to '
+                f'{self.patch_resolution[0]}x{self.patch_resolution[1]}')
+        return state_dict
