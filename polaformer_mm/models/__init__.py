@@ -1,8 +1,8 @@
 from .attention import PolaLinearAttention
-from .backbones import PolaPVT, PolaSwin, PolaViT
+from .backbones import PolaPVT, PolaPVTv2, PolaSwin, PolaViT
 from .official_weights import convert_official_checkpoint, convert_official_state_dict
 
 __all__ = [
-    'PolaLinearAttention', 'PolaPVT', 'PolaSwin', 'PolaViT', 'convert_official_checkpoint',
-    'convert_official_state_dict'
+    'PolaLinearAttention', 'PolaPVT', 'PolaPVTv2', 'PolaSwin', 'PolaViT',
+    'convert_official_checkpoint', 'convert_official_state_dict'
 ]

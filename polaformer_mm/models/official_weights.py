@@ -19,7 +19,7 @@ from ..utils.checkpoint_io import (atomic_save, is_local_checkpoint, load_checkp
                                    strip_ddp_prefix)
 from ..version import __version__
 
-PVT_FAMILY, SWIN_FAMILY = 'pvt', 'swin'
+PVT_FAMILY, SWIN_FAMILY, PVTV2_FAMILY = 'pvt', 'swin', 'pvtv2'
 
 
 def extract_state_dict(obj, source: str = 'checkpoint') -> Dict[str, torch.Tensor]:
@@ -160,7 +160,8 @@ def load_backbone_weights(checkpoint: str,
                           prefix: Optional[str] = None) -> Dict[str, torch.Tensor]:
     """Backbone state dict from a converted file (prefix stripped; without a prefix,
     'backbone.' is stripped when present), a bare backbone state dict, or an official
-    checkpoint (converted on the fly)."""
+    checkpoint (converted on the fly; for ``family='pvtv2'`` an official PVTv2 file,
+    converted by mmdet's ``pvt_convert``)."""
     if not checkpoint:
         raise ValueError("init_cfg type='Pretrained' needs a 'checkpoint' path")
     try:
@@ -173,6 +174,11 @@ def load_backbone_weights(checkpoint: str,
             "from a base config's model.pretrained (e.g. an mmseg ResNet), set "
             'pretrained=None') from err
     state_dict = extract_state_dict(obj, source=checkpoint)
+    if family == PVTV2_FAMILY and detect_official_family(state_dict) == PVT_FAMILY:
+        # an official PVTv2 file (whai362/PVT, keys patch_embed1.proj, block1.0.attn.q):
+        # mmdet's own converter gives mmdet's PyramidVisionTransformerV2 keys
+        from mmdet.models.backbones.pvt import pvt_convert
+        return dict(pvt_convert(state_dict))
     if detect_official_family(state_dict) is not None:
         state_dict = convert_official_state_dict(state_dict, family=family)
         prefix = 'backbone.'
