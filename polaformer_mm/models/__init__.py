@@ -1,8 +1,9 @@
 from .attention import PolaLinearAttention
 from .backbones import PolaPVT, PolaPVTv2, PolaSwin, PolaViT
 from .official_weights import convert_official_checkpoint, convert_official_state_dict
+from .warm_start import WarmStartReport, warm_start
 
 __all__ = [
-    'PolaLinearAttention', 'PolaPVT', 'PolaPVTv2', 'PolaSwin', 'PolaViT',
-    'convert_official_checkpoint', 'convert_official_state_dict'
+    'PolaLinearAttention', 'PolaPVT', 'PolaPVTv2', 'PolaSwin', 'PolaViT', 'WarmStartReport',
+    'convert_official_checkpoint', 'convert_official_state_dict', 'warm_start'
 ]

@@ -4,7 +4,7 @@ used by 'S' stages (PVT spatial-reduction attention, Swin window attention).
 The computation of :class:`PolaLinearAttention` is written up in
 ``docs/advanced_guides/method.md``.
 """
-from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -161,6 +161,21 @@ class PolaLinearAttention(nn.Module):
         return (f'embed_dims={self.embed_dims}, num_heads={self.num_heads}, '
                 f'family={self.family!r}, sr_ratio={self.sr_ratio}, '
                 f'alpha={self.alpha}, pos_grid={self.pos_grid}')
+
+    def projection_rows(self) -> Dict[str, Tuple[str, slice]]:
+        """Where the query, key, value and gate projections live: role ('q', 'k',
+        'v', 'g') -> (name of the linear layer, its output rows), in the order
+        :meth:`project` splits them ('pvt': ``qg`` = [q; g], ``kv`` = [k; v];
+        'swin': ``qkvg`` = [q; k; v; g]); each role is h heads of d rows, head-major."""
+        C = self.embed_dims
+        if self.family == 'swin':
+            return {role: ('qkvg', slice(i * C, (i + 1) * C)) for i, role in enumerate('qkvg')}
+        return {
+            'q': ('qg', slice(0, C)),
+            'g': ('qg', slice(C, 2 * C)),
+            'k': ('kv', slice(0, C)),
+            'v': ('kv', slice(C, 2 * C))
+        }
 
     def key_grid(self, hw_shape: Sequence[int]) -> Tuple[int, int]:
         """The grid of the keys for queries on ``hw_shape`` (ceil after reduction)."""

@@ -334,7 +334,8 @@ class Mlp(nn.Module):
 
 def drop_path_rates(drop_path_rate: float, depths: Sequence[int]) -> List[List[float]]:
     """Linearly increasing stochastic-depth rates, split per stage."""
-    rates = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+    # on the CPU whatever the default device (a twin built on the meta device)
+    rates = torch.linspace(0, drop_path_rate, sum(depths), device='cpu').tolist()
     out, start = [], 0
     for depth in depths:
         out.append(rates[start:start + depth])

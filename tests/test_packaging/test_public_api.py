@@ -42,8 +42,8 @@ def test_import_exports_the_backbones_and_registers_the_runner():
         'mlp_gelu'
     ])
     assert sorted(api['models']) == sorted([
-        'PolaLinearAttention', 'PolaPVT', 'PolaPVTv2', 'PolaSwin', 'convert_official_checkpoint',
-        'convert_official_state_dict'
+        'PolaLinearAttention', 'PolaPVT', 'PolaPVTv2', 'PolaSwin', 'PolaViT', 'WarmStartReport',
+        'convert_official_checkpoint', 'convert_official_state_dict', 'warm_start'
     ])
 
 

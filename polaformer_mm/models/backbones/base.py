@@ -1,8 +1,9 @@
 """What the Pola backbones share: argument checks, stage freezing, the forward
 over stages, weight init and loading of official or converted checkpoints."""
+import inspect
 import numbers
 import warnings
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch.nn as nn
 from mmengine.logging import MMLogger
@@ -76,6 +77,21 @@ class PolaBackboneBase(BaseModule):
     _arch_defaults: dict = {}
     #: arch entries that hold one positive int per stage (``depths`` is always checked)
     _arch_stage_lists: Tuple[str, ...] = ()
+
+    def __new__(cls, *args, **kwargs):
+        """Record the constructor's arguments (:meth:`init_args`) before building."""
+        self = super().__new__(cls)
+        self.__dict__['_init_args'] = (args, dict(kwargs))
+        return self
+
+    def init_args(self) -> Dict[str, Any]:
+        """The arguments this backbone was built with, by name, defaults included:
+        ``type(self)(**self.init_args())`` builds the same backbone (the warm start
+        builds its softmax twin so)."""
+        args, kwargs = self.__dict__.get('_init_args', ((), {}))
+        bound = inspect.signature(type(self)).bind(*args, **kwargs)
+        bound.apply_defaults()
+        return dict(bound.arguments)
 
     def __init__(self, init_cfg=None, pretrained: Optional[str] = None):
         # mmseg's EncoderDecoder hands the model-level ``pretrained`` to the backbone
@@ -257,8 +273,17 @@ class PolaBackboneBase(BaseModule):
 
     def init_weights(self) -> None:
         """Load ``init_cfg`` Pretrained weights (official files converted on the
-        fly, strict), or apply the official initialisation without ``init_cfg``."""
+        fly, strict), warm-start from softmax weights (``init_cfg=dict(type=
+        'WarmStart', checkpoint=..., prefix=...)``: :mod:`~polaformer_mm.models.warm_start`),
+        or apply the official initialisation without ``init_cfg``."""
         init_cfg = self.init_cfg
+        if isinstance(init_cfg, dict) and init_cfg.get('type') == 'WarmStart':
+            from ..warm_start import warm_start_from_cfg
+
+            # what was loaded, what is new, what was left unused (also logged)
+            self.warm_start_report = warm_start_from_cfg(self, init_cfg)
+            self._is_init = True
+            return
         if isinstance(init_cfg, dict) and init_cfg.get('type') == 'Pretrained':
             # Handled here rather than by mmengine's PretrainedInit so that an
             # official checkpoint (which carries a pickled yacs config and official

@@ -1,0 +1,97 @@
+"""A softmax checkpoint turned into a Pola backbone checkpoint, once, on disk (the
+logic of ``tools/model_converters/softmax2pola.py``)."""
+import copy
+import os
+import os.path as osp
+from collections import OrderedDict
+from typing import Optional, Tuple
+
+import torch
+
+from ...utils.checkpoint_io import atomic_save
+from ...version import __version__
+from ..backbones.base import PolaBackboneBase
+from ..official_weights import _refuse_same_file
+from .core import backbone_family, describe, warm_start
+from .report import WarmStartReport
+
+
+def backbone_cfg_of(config: Optional[str] = None,
+                    backbone: Optional[str] = None,
+                    arch: Optional[str] = None,
+                    attn_types: Optional[str] = None) -> dict:
+    """The Pola backbone config: ``model.backbone`` of ``config`` (a path), or
+    ``dict(type=backbone)``; ``arch`` / ``attn_types`` replace the config's."""
+    if (config is None) == (backbone is None):
+        raise ValueError('give a Pola config or a backbone type (e.g. PolaPVT), not both')
+    if config is not None:
+        from mmengine.config import Config
+        model = Config.fromfile(config).get('model', {})
+        if not isinstance(model, dict) or 'backbone' not in model:
+            raise KeyError(f'config {config!r} has no model.backbone')
+        cfg = copy.deepcopy(model['backbone'].to_dict() if hasattr(model['backbone'], 'to_dict')
+                            else dict(model['backbone']))
+    else:
+        cfg = dict(type=backbone)
+    if arch is not None:
+        cfg['arch'] = arch
+    if attn_types is not None:
+        cfg['attn_types'] = attn_types
+    for key in ('init_cfg', 'pretrained', '_delete_'):
+        cfg.pop(key, None)
+    return cfg
+
+
+def build_backbone(cfg: dict) -> PolaBackboneBase:
+    """Build a Pola backbone from its config (a named error for any other type)."""
+    from mmengine.registry import MODELS
+
+    import polaformer_mm  # noqa: F401  (registers the backbones)
+    cls = MODELS.get(cfg.get('type')) if isinstance(cfg.get('type'), str) else cfg.get('type')
+    if not (isinstance(cls, type) and issubclass(cls, PolaBackboneBase)):
+        raise TypeError(f'{cfg.get("type")!r} is not a Pola backbone; the warm start builds '
+                        'PolaPVT, PolaSwin, PolaPVTv2 or PolaViT')
+    module = MODELS.build(dict(cfg))
+    backbone_family(module)
+    return module
+
+
+def convert_softmax_checkpoint(backbone_cfg: dict,
+                               src: str,
+                               dst: str,
+                               prefix: Optional[str] = None,
+                               seed: int = 0) -> Tuple[WarmStartReport, dict]:
+    """Warm-start the Pola backbone of ``backbone_cfg`` from the softmax file ``src``
+    and write it to ``dst`` as ``{'state_dict': backbone.*, 'meta'}``, the format of
+    ``official2mm.py``: it loads strictly through ``init_cfg=dict(type='Pretrained',
+    checkpoint=dst, prefix='backbone.')`` into a backbone of the same config.
+
+    Args:
+        backbone_cfg (dict): The Pola backbone (``type``, ``arch``, ``attn_types``, ...).
+        src (str): The softmax checkpoint.
+        dst (str): The output file (written atomically; never ``src``, nor a folder).
+        prefix (str, optional): The prefix of the backbone's keys in ``src``.
+        seed (int): The seed of the fresh initialisation of the Pola-only tensors.
+            Default: 0.
+
+    Returns:
+        tuple: the report and the written state dict.
+    """
+    src, dst = os.fspath(src), os.fspath(dst)
+    _refuse_same_file(src, dst)
+    if osp.isdir(osp.expanduser(dst)):
+        raise ValueError(f'DST {dst!r} is an existing directory: give the path of the file '
+                         f'to write, e.g. {osp.join(dst, "warm_start.pth")!r}')
+    torch.manual_seed(seed)
+    backbone = build_backbone(backbone_cfg)
+    report = warm_start(backbone, src, prefix=prefix, log=False)
+    state_dict = OrderedDict(('backbone.' + k, v) for k, v in backbone.state_dict().items())
+    meta = dict(
+        source=osp.basename(src),
+        backbone=describe(backbone),
+        layout=report.layout,
+        warm_start=report.summary(),
+        seed=seed,
+        converted_by=f'polaformer_mm {__version__}')
+    atomic_save(dict(state_dict=state_dict, meta=meta), dst)
+    return report, state_dict
