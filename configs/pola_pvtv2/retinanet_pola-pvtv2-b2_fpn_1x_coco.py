@@ -5,7 +5,7 @@
 #
 # Weights: no official Pola-PVTv2 checkpoint exists. checkpoints/pola_pvtv2_b2_mm.pth is
 # the softmax PVTv2-B2 ImageNet file turned into Pola-PVTv2 by the warm-start
-# converter (tools/model_converters/warm_start.py), or the checkpoint of an ImageNet run of
+# converter (tools/model_converters/softmax2pola.py), or the checkpoint of an ImageNet run of
 # configs/imagenet/pola-pvtv2-b2_8xb128_in1k.py (see configs/pola_pvtv2/README.md). To
 # warm-start from the softmax release while the model is built, use the commented init_cfg.
 _base_ = './retinanet_pvtv2-b2_fpn_1x_coco.py'

@@ -7,7 +7,7 @@
 #
 # Weights: no official Pola-DeiT checkpoint exists. checkpoints/pola_deit_b_mm.pth is the
 # softmax DeiT-B ImageNet file turned into Pola-DeiT by the warm-start converter
-# (tools/model_converters/warm_start.py), or the checkpoint of an ImageNet run of
+# (tools/model_converters/softmax2pola.py), or the checkpoint of an ImageNet run of
 # configs/imagenet/pola-deit-base_*_in1k.py (see configs/pola_vit/README.md). To
 # warm-start from the softmax release while the model is built, use the commented init_cfg.
 _base_ = './upernet_deit-b16_mln_8xb2-160k_ade20k-512x512.py'
