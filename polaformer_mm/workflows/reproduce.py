@@ -413,7 +413,8 @@ def _do(step: Step, dry_run: bool) -> bool:
     missing = [p for p in step.needs if not osp.isfile(p)]
     for path in missing:
         print(
-            f'# needs {path}, which is missing (see tools/model_converters/official2mm.py)',
+            f'# needs {path}, which is missing (see tools/model_converters/official2mm.py; '
+            'softmax2pola.py for Pola-PVTv2 / Pola-DeiT)',
             flush=True)
     print(step.line(), flush=True)
     if dry_run:
