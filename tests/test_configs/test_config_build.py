@@ -307,6 +307,10 @@ def flop_table():
         'model.backbone.la_sr_ratios': [8, 4, 2, 1]
     }),
     ('configs/pola_swin/upernet_pola-swin-t_8xb2-160k_ade20k-512x512.py', None),
+    ('configs/pola_pvtv2/retinanet_pola-pvtv2-b0_fpn_1x_coco.py', {
+        'model.backbone.attn_types': 'LLSS'
+    }),
+    ('configs/pola_vit/upernet_pola-deit-s16_8xb2-80k_ade20k-512x512.py', None),
 ])
 def test_get_flops_counts_the_attention(path, options, flop_table):
     """tools/analysis_tools/get_flops.py (polaformer_mm.analysis.flops) counts every
