@@ -1,7 +1,6 @@
 """Pola-DeiT: mmpretrain's plain ViT at the DeiT sizes with polarity-aware linear
 attention, at any input size."""
 import math
-import re
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -459,18 +458,18 @@ class PolaViT(PolaBackboneBase):
         square grid to this model's (``interpolate_mode`` / bicubic, as at run time);
         other tensors, and those whose size is no square grid, as they are (a shape
         mismatch is then named by the loader)."""
-        for key, value in list(state_dict.items()):
-            match = re.fullmatch(r'layers\.(\d+)\.attn\.positional_encoding', key)
-            if key == 'pos_embed':
-                own, extra, mode = self.pos_embed, 1, self.interpolate_mode
-            elif match and int(match[1]) < len(self.layers) and isinstance(
-                    self.layers[int(match[1])].attn, PolaLinearAttention):
-                own, extra, mode = self.layers[int(match[1])].attn.positional_encoding, 0, 'bicubic'
-            else:
+        targets = {'pos_embed': (self.pos_embed, 1, self.interpolate_mode)}
+        for j, block in enumerate(self.layers):
+            if isinstance(block.attn, PolaLinearAttention):
+                targets[f'layers.{j}.attn.positional_encoding'] = (block.attn.positional_encoding,
+                                                                   0, 'bicubic')
+        for key, (own, extra, mode) in targets.items():
+            value = state_dict.get(key)
+            if (value is None or value.dim() != 3 or value.shape == own.shape
+                    or value.shape[2] != own.shape[2]):
                 continue
-            side = math.isqrt(max(value.shape[1] - extra, 0)) if value.dim() == 3 else 0
-            if (value.shape == own.shape or value.dim() != 3 or value.shape[2] != own.shape[2]
-                    or side * side + extra != value.shape[1] or side == 0):
+            side = math.isqrt(max(value.shape[1] - extra, 0))
+            if side < 1 or side * side + extra != value.shape[1]:
                 continue
             with torch.no_grad():
                 grid = resize_token_grid(value[:, extra:].float(), (side, side),

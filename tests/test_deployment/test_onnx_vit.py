@@ -1,0 +1,89 @@
+"""PolaViT in a graph: the ONNX export (TorchScript exporter, opset 11, dynamic sizes)
+runs in onnxruntime at sizes other than the export size with PyTorch's outputs, and the
+FLOP count of polaformer_mm.analysis.flops counts the attention of 'L' and 'S' blocks."""
+import pytest
+import torch
+from mmengine.config import Config
+
+from polaformer_mm.analysis.flops import measure, register_extra_flop_ops
+from polaformer_mm.deployment import ExportableModel, check_onnx, compare_onnxruntime, export_onnx
+from polaformer_mm.models import PolaViT
+
+EXPORT_HW = (72, 88)
+# smaller in one side, larger in the other, neither a multiple of the patch
+OTHER_HW = [(40, 130), (97, 61)]
+ARCH = dict(embed_dims=32, num_layers=3, num_heads=2, feedforward_channels=64)
+
+
+def _randomised(seed=0, **kwargs):
+    """A small PolaViT whose parameters are all random (the Pola exponents, scales and
+    positional encodings too, which start at zero), in eval mode."""
+    torch.manual_seed(seed)
+    model = PolaViT(arch=ARCH, img_size=64, out_indices=(0, 1, 2), **kwargs).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    return model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('attn_types,output_cls_token', [('L', False), ('LSL', True)])
+def test_backbone_onnx_equals_pytorch_at_other_sizes(attn_types, output_cls_token, tmp_path):
+    model = ExportableModel(
+        _randomised(attn_types=attn_types, output_cls_token=output_cls_token), 'backbone')
+    path = str(tmp_path / 'vit.onnx')
+    names = export_onnx(model, path, EXPORT_HW, dynamic=True, opset=11)
+    per_index = 2 if output_cls_token else 1
+    assert len(names) == 3 * per_index
+    ops = set(check_onnx(path))
+    # the attention's features are in the graph (log |x|, exp, sign), the position
+    # embedding and P resized by the graph, the class query's softmax
+    assert {'Log', 'Exp', 'Sign', 'MatMul', 'Resize', 'Softmax', 'Pad'} <= ops
+    rows = compare_onnxruntime(model, path, [EXPORT_HW] + OTHER_HW)
+    assert len(rows) == 3 * 3 * per_index
+    for row in rows:
+        assert row.max_rel < 1e-4, row
+    # the maps follow the input size (stride 16, ceil)
+    maps = [r.out_shape[2:] for r in rows if len(r.out_shape) == 4]
+    assert maps == [(5, 6)] * 3 + [(3, 9)] * 3 + [(7, 4)] * 3
+
+
+@pytest.fixture
+def flop_table():
+    """polaformer_mm.analysis.flops adds counters to mmengine's default FLOP table;
+    restore it."""
+    from mmengine.analysis import complexity_analysis
+    table = complexity_analysis._DEFAULT_SUPPORTED_FLOP_OPS
+    saved = dict(table)
+    yield
+    table.clear()
+    table.update(saved)
+
+
+@pytest.mark.parametrize('attn_types', ['L', 'LSL', 'S'])
+def test_flops_count_the_attention(attn_types, flop_table):
+    """get_flops.py's measurement (polaformer_mm.analysis.flops.measure) counts every
+    non-elementwise operator of PolaViT, the attention products included: beyond what
+    mmengine counts with the products (matmul, SDPA) left out, the Pola op's two
+    products and the class query's softmax in every 'L' block, the softmax of every
+    'S' block."""
+    register_extra_flop_ops()
+    backbone = dict(type='PolaViT', arch=ARCH, img_size=64, attn_types=attn_types)
+    cfg = Config(dict(default_scope='mmseg', model=dict(backbone=backbone)))
+    row = measure(cfg, (64, 96), whole=False)
+    assert row['uncounted'] == []
+    model = PolaViT(arch=ARCH, img_size=64, attn_types=attn_types).eval()
+    assert row['params'] == sum(p.numel() for p in model.parameters())
+    from mmengine.analysis import FlopAnalyzer
+    analyzer = FlopAnalyzer(model, (torch.randn(1, 3, 64, 96), ))
+    analyzer.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
+    attention = ('aten::matmul', 'aten::scaled_dot_product_attention')
+    analyzer.set_op_handle(**{op: (lambda inputs, outputs: 0) for op in attention})
+    # a 4 x 6 patch grid and the class token; two heads of 16 channels
+    N, n, d, h = 4 * 6, 4 * 6 + 1, 16, 2
+    pola = h * (2 * d * n * d + N * 2 * d * (d + 2))  # key summary, queries times it
+    cls_softmax = h * (1 * n * 2 * d)  # q k^T and the weighted sum of one query
+    softmax = h * (n * n * 2 * d)
+    kinds = model.attn_types  # one letter per block
+    expected = kinds.count('L') * (pola + cls_softmax) + kinds.count('S') * softmax
+    assert row['flops'] - analyzer.total() == expected
