@@ -51,7 +51,8 @@ def detect_official_family(state_dict) -> Optional[str]:
     return None
 
 
-_PVT_RULES = [
+#: official PVT keys -> PolaPVT keys (PVT v1's own layout: the warm start reads it too)
+PVT_RULES = [
     (re.compile(r'^pos_embed(\d)$'), lambda m: f'layers.{int(m[1]) - 1}.pos_embed'),
     (re.compile(r'^patch_embed(\d)\.(.+)$'),
      lambda m: f'layers.{int(m[1]) - 1}.patch_embed.{m[2]}'),
@@ -64,7 +65,8 @@ _PVT_RULES = [
     (re.compile(r'^norm\.(weight|bias)$'), None),
 ]
 
-_SWIN_RULES = [
+#: official Swin keys -> PolaSwin keys (Swin's own layout: the warm start reads it too)
+SWIN_RULES = [
     (re.compile(r'^layers\.\d+\.blocks\.\d+\.(attn_mask|attn\.relative_position_index)$'),
      None),  # buffers rebuilt for the runtime size
     (re.compile(r'^patch_embed\.(.+)$'), lambda m: f'patch_embed.{m[1]}'),
@@ -87,7 +89,7 @@ def convert_official_state_dict(state_dict: Dict[str, torch.Tensor],
     if family is not None and family != detected:
         raise ValueError(f'checkpoint holds an official Pola-{detected.upper()} '
                          f'model, but a Pola-{family.upper()} backbone asked for it')
-    rules = _PVT_RULES if detected == PVT_FAMILY else _SWIN_RULES
+    rules = PVT_RULES if detected == PVT_FAMILY else SWIN_RULES
     num_swin_stages = 1 + max(
         (int(m[1]) for m in map(re.compile(r'^layers\.(\d+)\.').match, state_dict) if m),
         default=-1)
@@ -116,7 +118,7 @@ def convert_official_state_dict(state_dict: Dict[str, torch.Tensor],
     return out
 
 
-def _refuse_same_file(src: str, dst: str) -> None:
+def refuse_same_file(src: str, dst: str) -> None:
     """Raise ValueError when writing ``dst`` would overwrite ``src`` (the same path, a
     symlink to it, a path through a symlinked folder, or a hard link)."""
     src_path, dst_path = osp.expanduser(src), osp.expanduser(dst)
@@ -140,7 +142,7 @@ def convert_official_checkpoint(src: str, dst: str) -> Dict[str, torch.Tensor]:
         dict: the converted state dict.
     """
     src, dst = os.fspath(src), os.fspath(dst)
-    _refuse_same_file(src, dst)
+    refuse_same_file(src, dst)
     if osp.isdir(osp.expanduser(dst)):
         raise ValueError(f'DST {dst!r} is an existing directory: give the path of the file '
                          f'to write, e.g. {osp.join(dst, "converted.pth")!r}')

@@ -22,8 +22,7 @@ PVT_POLA = dict(
         num_heads=[1, 2, 5, 8],
         mlp_ratios=[8, 8, 4, 4],
         sr_ratios=[8, 4, 2, 1]))
-PVTV2_MMDET = dict(
-    embed_dims=8, num_layers=[1, 2, 1, 1], num_heads=[1, 2, 5, 8], drop_path_rate=0.)
+PVTV2_MMDET = dict(embed_dims=8, num_layers=[1, 2, 1, 1], num_heads=[1, 2, 5, 8], drop_path_rate=0.)
 PVTV2_POLA = dict(arch=dict(PVT_POLA['arch']), drop_path_rate=0.)
 VIT_ARCH = dict(embed_dims=32, num_layers=3, num_heads=2, feedforward_channels=64)
 VIT_POLA = dict(arch=VIT_ARCH, img_size=64, out_indices=(0, 2), drop_path_rate=0.)
@@ -57,8 +56,13 @@ def mmdet_pvtv2(seed=0, **kwargs):
 
 def mmpretrain_deit(seed=0, **kwargs):
     from mmpretrain.models.backbones import VisionTransformer
-    kwargs = {'arch': VIT_ARCH, 'img_size': 64, 'out_indices': (0, 2), 'out_type': 'featmap',
-              **kwargs}
+    kwargs = {
+        'arch': VIT_ARCH,
+        'img_size': 64,
+        'out_indices': (0, 2),
+        'out_type': 'featmap',
+        **kwargs
+    }
     return randomise(VisionTransformer(**kwargs), seed)
 
 
@@ -132,15 +136,15 @@ def pvtv2_release_layout(state_dict):
                 out[f'{block}attn.kv.{in_proj[1]}'] = value[dims:]
                 continue
             for old, new in (('attn.attn.out_proj.', 'attn.proj.'), ('ffn.layers.0.', 'mlp.fc1.'),
-                             ('ffn.layers.1.', 'mlp.dwconv.dwconv.'),
-                             ('ffn.layers.4.', 'mlp.fc2.')):
+                             ('ffn.layers.1.', 'mlp.dwconv.dwconv.'), ('ffn.layers.4.',
+                                                                       'mlp.fc2.')):
                 if rest.startswith(old):
                     rest = new + rest[len(old):]
                     if new.startswith(('mlp.fc1', 'mlp.fc2')) and value.dim() == 4:
                         value = value.flatten(1)
             out[block + rest] = value
-    out.update((k, v) for k, v in classifier_extras(value.shape[0]).items()
-               if k.startswith('head.'))
+    out.update(
+        (k, v) for k, v in classifier_extras(value.shape[0]).items() if k.startswith('head.'))
     return out
 
 
@@ -164,15 +168,15 @@ def deit_release_layout(state_dict, distilled=False):
         elif key.startswith('patch_embed.projection.'):
             out[key.replace('projection', 'proj')] = value
         elif key == 'pos_embed' and distilled:
-            out[key] = torch.cat([value[:, :1], torch.full_like(value[:, :1], 0.5), value[:, 1:]],
-                                 dim=1)
+            out[key] = torch.cat(
+                [value[:, :1], torch.full_like(value[:, :1], 0.5), value[:, 1:]], dim=1)
         else:
             out[key] = value
     width = out['cls_token'].shape[-1]
     heads = ('head', 'head_dist') if distilled else ('head', )
     for head in heads:
-        out.update((k.replace('head', head), v)
-                   for k, v in classifier_extras(width).items() if k.startswith('head.'))
+        out.update((k.replace('head', head), v) for k, v in classifier_extras(width).items()
+                   if k.startswith('head.'))
     if distilled:
         out['dist_token'] = torch.full_like(out['cls_token'], 0.75)
     return out

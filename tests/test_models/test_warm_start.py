@@ -13,17 +13,19 @@ from polaformer_mm.models.warm_start import WarmStartError, warm_start
 from polaformer_mm.models.warm_start.report import tensor_kind
 from ._softmax_files import (PVT_POLA, PVTV2_POLA, SWIN_POLA, VIT_POLA, deit_release_layout,
                              mmdet_pvt, mmdet_pvtv2, mmdet_swin, mmpretrain_deit,
-                             pvt_release_layout, pvtv2_release_layout, save,
-                             swin_release_layout)
+                             pvt_release_layout, pvtv2_release_layout, save, swin_release_layout)
 
 pytest.importorskip('mmdet')
-POLA_ONLY = {'attn.power', 'attn.scale', 'attn.positional_encoding', 'attn.dwc.weight',
-             'attn.dwc.bias'}
-
+POLA_ONLY = {
+    'attn.power', 'attn.scale', 'attn.positional_encoding', 'attn.dwc.weight', 'attn.dwc.bias'
+}
 
 KINDS = ['pvt', 'swin', 'pvtv2', 'vit']
-FIXED = dict(pvt=(PolaPVT, PVT_POLA), swin=(PolaSwin, SWIN_POLA), pvtv2=(PolaPVTv2, PVTV2_POLA),
-             vit=(PolaViT, VIT_POLA))
+FIXED = dict(
+    pvt=(PolaPVT, PVT_POLA),
+    swin=(PolaSwin, SWIN_POLA),
+    pvtv2=(PolaPVTv2, PVTV2_POLA),
+    vit=(PolaViT, VIT_POLA))
 
 
 @pytest.fixture(scope='module')
@@ -32,8 +34,11 @@ def files(tmp_path_factory):
     style, 'backbone.'), and the official release layouts made from the same weights."""
     folder = tmp_path_factory.mktemp('softmax')
     out = dict(pvt=mmdet_pvt(), swin=mmdet_swin(), pvtv2=mmdet_pvtv2(), vit=mmpretrain_deit())
-    releases = dict(pvt=pvt_release_layout, swin=swin_release_layout,
-                    pvtv2=pvtv2_release_layout, vit=deit_release_layout)
+    releases = dict(
+        pvt=pvt_release_layout,
+        swin=swin_release_layout,
+        pvtv2=pvtv2_release_layout,
+        vit=deit_release_layout)
     for kind, to_release in releases.items():
         state_dict = {k: v.clone() for k, v in out[kind].state_dict().items()}
         out[f'{kind}_mmdet'] = save(folder / f'{kind}_mm.pth', state_dict, 'backbone.')
@@ -64,9 +69,12 @@ def test_release_layouts_are_what_mmdet_reads(files):
     # the final norm: mmdet's reader keeps its release name, 'norm'
     swin = {re.sub(r'^backbone\.norm\.', 'backbone.norm3.', k): v for k, v in swin.items()}
     own = files['swin'].state_dict()
-    assert {k[len('backbone.'):] for k in swin} == set(own) - {'norm0.weight', 'norm0.bias',
-                                                               'norm1.weight', 'norm1.bias',
-                                                               'norm2.weight', 'norm2.bias'}
+    assert {
+        k[len('backbone.'):]
+        for k in swin
+    } == set(own) - {
+        'norm0.weight', 'norm0.bias', 'norm1.weight', 'norm1.bias', 'norm2.weight', 'norm2.bias'
+    }
     for key, value in swin.items():
         torch.testing.assert_close(value, own[key[len('backbone.'):]], rtol=0, atol=0)
 
@@ -74,9 +82,9 @@ def test_release_layouts_are_what_mmdet_reads(files):
 def _align_pvt_norm_eps(model):
     """PolaPVT keeps the PVT release's LayerNorm eps in the patch embeddings and the
     spatial reductions (1e-5); mmdet's PVT uses 1e-6 everywhere."""
+    aligned = ('patch_embed.norm', 'reduction.norm')
     for name, module in model.named_modules():
-        if isinstance(module, torch.nn.LayerNorm) and name.endswith(
-            ('patch_embed.norm', 'reduction.norm')):
+        if isinstance(module, torch.nn.LayerNorm) and name.endswith(aligned):
             module.eps = 1e-6
 
 
@@ -85,8 +93,11 @@ CLASSIFIER = dict(
     swin={'head.weight', 'head.bias'},
     pvtv2={'head.weight', 'head.bias'},
     vit={'head.weight', 'head.bias'})
-SIZES = dict(pvt=[(64, 64), (96, 128)], pvtv2=[(64, 64), (97, 131)], vit=[(64, 64), (96, 80)],
-             swin=[(128, 128), (128, 192)])  # Swin: maps larger than and multiples of the window
+SIZES = dict(
+    pvt=[(64, 64), (96, 128)],
+    pvtv2=[(64, 64), (97, 131)],
+    vit=[(64, 64), (96, 80)],
+    swin=[(128, 128), (128, 192)])  # Swin: maps larger than and multiples of the window
 
 
 @pytest.mark.parametrize('layout', ['mmdet', 'release'])
@@ -120,8 +131,8 @@ def test_distilled_deit_release(files, tmp_path):
     path = save(tmp_path / 'deit_distilled.pth', deit_release_layout(state_dict, distilled=True))
     model = _pola('vit', 'S')
     report = warm_start(model, path, log=False)
-    assert set(report.unused) == CLASSIFIER['vit'] | {'dist_token', 'head_dist.weight',
-                                                      'head_dist.bias'}
+    assert set(
+        report.unused) == CLASSIFIER['vit'] | {'dist_token', 'head_dist.weight', 'head_dist.bias'}
     assert report.loaded['pos_embed'] == ['pos_embed (distillation-token row dropped)']
     torch.testing.assert_close(model.pos_embed, files['vit'].pos_embed, rtol=0, atol=0)
 
@@ -162,8 +173,8 @@ def test_every_loaded_tensor_equals_its_source(files, kind):
         attn, soft = pola.get_submodule(path), softmax.get_submodule(path)
         x = torch.randn(2, 64, attn.embed_dims, generator=gen)
         with torch.no_grad():
-            q, k, v, _, _, _ = attn.project(x, (8, 8),
-                                            pos_encoding=torch.zeros(1, 1, attn.embed_dims))
+            q, k, v, _, _, _ = attn.project(
+                x, (8, 8), pos_encoding=torch.zeros(1, 1, attn.embed_dims))
             scale = F.softplus(attn.scale).view(1, attn.num_heads, 1, attn.head_dims)
             for ours, (weight, bias) in zip((q * scale, k * scale, v), _softmax_projections(soft)):
                 theirs = F.linear(x, weight, bias)
@@ -182,10 +193,10 @@ def test_pvt_reductions_of_the_same_ratio_are_loaded(files):
     file = torch.load(files['pvt_release'], weights_only=True)['state_dict']
     for stage, block in ((0, 0), (1, 1), (2, 0)):
         reduction = pola.layers[stage].blocks[block].attn.reduction
-        torch.testing.assert_close(reduction.sr.weight,
-                                   file[f'block{stage + 1}.{block}.attn.sr.weight'], rtol=0, atol=0)
-        torch.testing.assert_close(reduction.norm.bias,
-                                   file[f'block{stage + 1}.{block}.attn.norm.bias'], rtol=0, atol=0)
+        torch.testing.assert_close(
+            reduction.sr.weight, file[f'block{stage + 1}.{block}.attn.sr.weight'], rtol=0, atol=0)
+        torch.testing.assert_close(
+            reduction.norm.bias, file[f'block{stage + 1}.{block}.attn.norm.bias'], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize('kind', KINDS)
@@ -195,8 +206,8 @@ def test_pola_only_tensors_are_a_fresh_models_init(files, kind):
     same seed; the report names the Pola-only kinds."""
     fresh = _pola(kind, 'L', seed=5)
     fresh.init_weights()
-    warm = _pola(kind, 'L', seed=5, init_cfg=dict(type='WarmStart',
-                                                     checkpoint=files[f'{kind}_release']))
+    warm = _pola(
+        kind, 'L', seed=5, init_cfg=dict(type='WarmStart', checkpoint=files[f'{kind}_release']))
     warm.init_weights()
     report = warm.warm_start_report
     new_kinds = {tensor_kind(k) for k in report.new}
@@ -204,8 +215,8 @@ def test_pola_only_tensors_are_a_fresh_models_init(files, kind):
     # a classification release of Swin has no output norms but the final one
     output_norms = {f'norm{i}.{p}' for i in range(3) for p in ('weight', 'bias')}
     assert new_kinds == POLA_ONLY | (output_norms if kind == 'swin' else set())
-    assert partial_kinds == ({'attn.qg.weight', 'attn.qg.bias'} if kind.startswith('pvt') else
-                             {'attn.qkvg.weight', 'attn.qkvg.bias'})
+    assert partial_kinds == ({'attn.qg.weight', 'attn.qg.bias'}
+                             if kind.startswith('pvt') else {'attn.qkvg.weight', 'attn.qkvg.bias'})
     a, b = fresh.state_dict(), warm.state_dict()
     for key in report.new:
         torch.testing.assert_close(b[key], a[key], rtol=0, atol=0)
@@ -227,9 +238,11 @@ def test_pola_only_tensors_are_a_fresh_models_init(files, kind):
 def test_init_cfg_logs_the_report(files, tmp_path):
     log_file = tmp_path / 'warm.log'
     MMLogger.get_instance('test_warm_start_log', log_file=str(log_file))
-    model = _pola('swin', 'L', attn_types='LLSS', init_cfg=dict(type='WarmStart',
-                                                checkpoint=files['swin_mmdet'],
-                                                prefix='backbone.'))
+    model = _pola(
+        'swin',
+        'L',
+        attn_types='LLSS',
+        init_cfg=dict(type='WarmStart', checkpoint=files['swin_mmdet'], prefix='backbone.'))
     model.init_weights()
     text = log_file.read_text()
     assert "PolaSwin(arch=" in text and "mmdet's / mmpretrain's SwinTransformer" in text
@@ -259,22 +272,25 @@ def test_mmpretrain_classifier_file(tmp_path):
     model = _pola('swin', 'L', attn_types='LLSS')
     report = warm_start(model, path, log=False)
     assert report.layout == "mmdet's / mmpretrain's SwinTransformer"
-    assert {k for k in report.unused if k.startswith('head.')} == {'head.fc.weight',
-                                                                   'head.fc.bias'}
+    assert {k for k in report.unused if k.startswith('head.')} == {'head.fc.weight', 'head.fc.bias'}
     assert report.unused['head.fc.weight'] == "outside prefix 'backbone.'"
-    assert {k for k in report.new if k.startswith('norm')} == {
-        f'norm{i}.{p}' for i in range(3) for p in ('weight', 'bias')}
+    assert {k
+            for k in report.new if k.startswith('norm')
+            } == {f'norm{i}.{p}'
+                  for i in range(3)
+                  for p in ('weight', 'bias')}
     merge = classifier.backbone.stages[2].downsample.reduction.weight
     assert report.loaded['stages.2.downsample.reduction.weight'] == [
         'backbone.stages.2.downsample.reduction.weight (input channels from the unfold order '
-        'to the official one)']
+        'to the official one)'
+    ]
     ours = model.stages[2].downsample.reduction.weight
     assert torch.equal(ours.sort(dim=1).values, merge.sort(dim=1).values)
     assert not torch.equal(ours, merge)
 
 
 @pytest.mark.parametrize('kind,small,tiny', [('pvt', 'small', 'tiny'), ('pvtv2', 'b1', 'b0'),
-                                              ('vit', 'deit-small', 'deit-tiny')])
+                                             ('vit', 'deit-small', 'deit-tiny')])
 def test_wrong_size_is_named(tmp_path, kind, small, tiny):
     """A file of the family's smaller model into a larger one: the error names the
     mismatch and the arch the file fits."""
@@ -287,9 +303,11 @@ def test_wrong_size_is_named(tmp_path, kind, small, tiny):
     path = save(tmp_path / f'{kind}_{tiny}.pth', upstream.state_dict())
     cls = FIXED[kind][0]
     model = cls(arch=small, attn_types='L' if kind == 'vit' else 'LLLL')
-    with pytest.raises(WarmStartError, match=rf"does not fit {cls.__name__}\(arch='{small}'.*"
-                       rf"(missing keys|shape mismatches).*fits {cls.__name__} arch '{tiny}': "
-                       rf"set arch='{tiny}'"):
+    with pytest.raises(
+            WarmStartError,
+            match=rf"does not fit {cls.__name__}\(arch='{small}'.*"
+            rf"(missing keys|shape mismatches).*fits {cls.__name__} arch '{tiny}': "
+            rf"set arch='{tiny}'"):
         warm_start(model, path, log=False)
 
 
@@ -297,8 +315,10 @@ def test_wrong_size_is_named(tmp_path, kind, small, tiny):
                                         ('pvtv2', 'pvt'), ('vit', 'swin'), ('swin', 'vit')])
 def test_wrong_family_is_named(files, kind, other):
     names = dict(pvt='PVT v1', swin='Swin', pvtv2='PVTv2', vit='DeiT / ViT')
-    with pytest.raises(WarmStartError, match=f'is a {names[other]} checkpoint .* warm-starts '
-                       f'from {names[kind]} checkpoints'):
+    with pytest.raises(
+            WarmStartError,
+            match=f'is a {names[other]} checkpoint .* warm-starts '
+            f'from {names[kind]} checkpoints'):
         warm_start(_pola(kind, 'L'), files[f'{other}_release'], log=False)
 
 
@@ -315,12 +335,30 @@ def test_other_files_are_named(files, tmp_path):
 
 def test_init_cfg_misuse_is_named(files):
     from mmdet.registry import MODELS
-    with pytest.raises(ValueError, match=r"takes \['type', 'checkpoint', 'prefix'\]; got "
-                       r"unknown keys \['checkpiont'\]"):
+    with pytest.raises(
+            ValueError,
+            match=r"takes \['type', 'checkpoint', 'prefix'\]; got "
+            r"unknown keys \['checkpiont'\]"):
         _pola('pvt', 'L', init_cfg=dict(type='WarmStart', checkpiont='x.pth')).init_weights()
     neck = MODELS.build(
-        dict(type='FPN', in_channels=[8, 16], out_channels=8, num_outs=2,
-             init_cfg=dict(type='WarmStart', checkpoint=files['pvt_mmdet'])))
-    with pytest.raises(TypeError, match="type='WarmStart' warm-starts a Pola backbone.*set on "
-                       'a FPN'):
+        dict(
+            type='FPN',
+            in_channels=[8, 16],
+            out_channels=8,
+            num_outs=2,
+            init_cfg=dict(type='WarmStart', checkpoint=files['pvt_mmdet'])))
+    with pytest.raises(
+            TypeError, match="type='WarmStart' warm-starts a Pola backbone.*set on "
+            'a FPN'):
         neck.init_weights()
+
+
+def test_deit_position_embedding_resized_to_the_backbones_size(files):
+    """A DeiT file learned at 64x64 into a PolaViT at 96x96: the position embedding is
+    resized as PolaViT resizes it on load, and the report says so."""
+    model = _pola('vit', 'L', img_size=96)
+    report = warm_start(model, files['vit_release'], log=False)
+    assert report.loaded['pos_embed'] == ['pos_embed (resized to (1, 37, 32))']
+    reference = _pola('vit', 'S', img_size=96)
+    reference.load_state_dict(files['vit'].state_dict())  # PolaViT's own resizing on load
+    torch.testing.assert_close(model.pos_embed, reference.pos_embed, rtol=0, atol=0)

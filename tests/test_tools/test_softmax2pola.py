@@ -10,8 +10,7 @@ import torch
 from polaformer_mm.models import PolaPVT, PolaSwin
 from tests import REPO
 from tests._tools import load_tool
-from ..test_models._softmax_files import (PVT_POLA, mmdet_pvt, mmdet_swin, pvt_release_layout,
-                                          save)
+from ..test_models._softmax_files import PVT_POLA, mmdet_pvt, mmdet_swin, pvt_release_layout, save
 
 TOOL = 'model_converters/softmax2pola.py'
 pytest.importorskip('mmdet')
@@ -31,8 +30,10 @@ def test_converter_output_loads_strictly_through_pretrained(tmp_path, capsys):
     assert f'wrote {dst}' in out
     written = torch.load(dst, weights_only=True)
     assert written['meta']['layout'] == 'the official PVT v1 release (whai362/PVT)'
-    model = PolaPVT(**PVT_POLA, attn_types='LLSS',
-                    init_cfg=dict(type='Pretrained', checkpoint=str(dst), prefix='backbone.'))
+    model = PolaPVT(
+        **PVT_POLA,
+        attn_types='LLSS',
+        init_cfg=dict(type='Pretrained', checkpoint=str(dst), prefix='backbone.'))
     model.init_weights()  # strict: any missing or extra key is an error
     for key, value in model.state_dict().items():
         torch.testing.assert_close(value, written['state_dict']['backbone.' + key], rtol=0, atol=0)
@@ -68,10 +69,13 @@ def test_cli_warm_starts_a_repository_config(tmp_path):
     config = osp.join(REPO, 'configs/pola_swin/mask-rcnn_pola-swin-t-p4-w7_fpn_1x_coco.py')
     dst = tmp_path / 'pola_swin_t.pth'
     proc = subprocess.run(
-        [sys.executable, osp.join(REPO, 'tools', TOOL), src, str(dst), '--config', config],
-        capture_output=True, text=True)
+        [sys.executable,
+         osp.join(REPO, 'tools', TOOL), src,
+         str(dst), '--config', config],
+        capture_output=True,
+        text=True)
     assert proc.returncode == 0, proc.stderr
     assert 'PolaSwin(arch=' in proc.stdout and 'wrote' in proc.stdout
-    model = PolaSwin(arch='tiny', attn_types='LLSS',
-                     init_cfg=dict(type='Pretrained', checkpoint=str(dst)))
+    model = PolaSwin(
+        arch='tiny', attn_types='LLSS', init_cfg=dict(type='Pretrained', checkpoint=str(dst)))
     model.init_weights()

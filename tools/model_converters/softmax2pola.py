@@ -32,12 +32,12 @@ def parse_args(argv=None):
     parser.add_argument('--backbone', help='a Pola backbone type (PolaPVT, PolaSwin, ...)')
     parser.add_argument('--arch', help="the backbone's arch (replaces the config's)")
     parser.add_argument('--attn-types', help="the backbone's attn_types (replaces the config's)")
-    parser.add_argument('--prefix', help="the backbone's key prefix in SRC (default: "
-                        "'backbone.' when present)")
-    parser.add_argument('--seed', type=int, default=0,
-                        help='seed of the Pola-only tensors (default: 0)')
-    parser.add_argument('--verbose', action='store_true',
-                        help='also print one line per tensor')
+    parser.add_argument(
+        '--prefix', help="the backbone's key prefix in SRC (default: "
+        "'backbone.' when present)")
+    parser.add_argument(
+        '--seed', type=int, default=0, help='seed of the Pola-only tensors (default: 0)')
+    parser.add_argument('--verbose', action='store_true', help='also print one line per tensor')
     return parser, parser.parse_args(argv)
 
 

@@ -11,15 +11,14 @@ from mmengine.registry import WEIGHT_INITIALIZERS
 
 from ..backbones.base import PolaBackboneBase
 from .convert import build_backbone, convert_softmax_checkpoint
-from .core import (WarmStartError, backbone_family, softmax_twin, warm_start,
-                   warm_start_from_cfg)
+from .core import WarmStartError, backbone_family, softmax_twin, warm_start, warm_start_from_cfg
 from .layouts import LAYOUTS, Layout
 from .report import WarmStartReport
 
 __all__ = [
-    'LAYOUTS', 'Layout', 'WarmStartError', 'WarmStartInit', 'WarmStartReport',
-    'backbone_family', 'build_backbone', 'convert_softmax_checkpoint', 'softmax_twin',
-    'warm_start', 'warm_start_from_cfg'
+    'LAYOUTS', 'Layout', 'WarmStartError', 'WarmStartInit', 'WarmStartReport', 'backbone_family',
+    'build_backbone', 'convert_softmax_checkpoint', 'softmax_twin', 'warm_start',
+    'warm_start_from_cfg'
 ]
 
 
@@ -45,8 +44,8 @@ class WarmStartInit(BaseInit):
         if isinstance(module, PolaBackboneBase):
             warm_start_from_cfg(module, dict(checkpoint=self.checkpoint, prefix=self.prefix))
             return
-        inner = next((name for name, m in module.named_modules()
-                      if isinstance(m, PolaBackboneBase)), None)
+        inner = next(
+            (name for name, m in module.named_modules() if isinstance(m, PolaBackboneBase)), None)
         where = (f"; put it on the Pola backbone's init_cfg (model.{inner}.init_cfg)"
                  if inner else '')
         raise TypeError(f"init_cfg type='WarmStart' warm-starts a Pola backbone (PolaPVT, "

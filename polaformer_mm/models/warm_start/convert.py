@@ -11,7 +11,7 @@ import torch
 from ...utils.checkpoint_io import atomic_save
 from ...version import __version__
 from ..backbones.base import PolaBackboneBase
-from ..official_weights import _refuse_same_file
+from ..official_weights import refuse_same_file
 from .core import backbone_family, describe, warm_start
 from .report import WarmStartReport
 
@@ -29,8 +29,9 @@ def backbone_cfg_of(config: Optional[str] = None,
         model = Config.fromfile(config).get('model', {})
         if not isinstance(model, dict) or 'backbone' not in model:
             raise KeyError(f'config {config!r} has no model.backbone')
-        cfg = copy.deepcopy(model['backbone'].to_dict() if hasattr(model['backbone'], 'to_dict')
-                            else dict(model['backbone']))
+        backbone_cfg = model['backbone']
+        to_dict = getattr(backbone_cfg, 'to_dict', None)
+        cfg = copy.deepcopy(to_dict() if to_dict else dict(backbone_cfg))
     else:
         cfg = dict(type=backbone)
     if arch is not None:
@@ -78,7 +79,7 @@ def convert_softmax_checkpoint(backbone_cfg: dict,
         tuple: the report and the written state dict.
     """
     src, dst = os.fspath(src), os.fspath(dst)
-    _refuse_same_file(src, dst)
+    refuse_same_file(src, dst)
     if osp.isdir(osp.expanduser(dst)):
         raise ValueError(f'DST {dst!r} is an existing directory: give the path of the file '
                          f'to write, e.g. {osp.join(dst, "warm_start.pth")!r}')

@@ -27,8 +27,8 @@ from ...utils.checkpoint_io import load_checkpoint
 from ..attention import PolaLinearAttention
 from ..backbones.base import PolaBackboneBase
 from ..official_weights import extract_state_dict
-from .layouts import (FAMILY_NAMES, FAMILY_OF_BACKBONE, POLA_KEYS, Converted, Layout,
-                      find_layout, layouts_of)
+from .layouts import (FAMILY_NAMES, FAMILY_OF_BACKBONE, POLA_KEYS, Converted, Layout, find_layout,
+                      layouts_of)
 from .report import WarmStartReport
 from .translate import translate
 
@@ -58,9 +58,9 @@ def describe(backbone: PolaBackboneBase) -> str:
     return f'{type(backbone).__name__}({shown})'
 
 
-def read_softmax_checkpoint(checkpoint: str,
-                            prefix: Optional[str] = None
-                            ) -> Tuple[Dict[str, torch.Tensor], Dict[str, str], str]:
+def read_softmax_checkpoint(
+        checkpoint: str,
+        prefix: Optional[str] = None) -> Tuple[Dict[str, torch.Tensor], Dict[str, str], str]:
     """The backbone part of a checkpoint (weights-only), the file keys outside it (with
     the reason) and the prefix used (``None``: ``'backbone.'`` when keys carry it, else
     none)."""
@@ -121,8 +121,8 @@ def _fits(twin: nn.Module, state_dict) -> Tuple[list, list, list]:
     own = twin.state_dict()
     optional = twin._optional_key
     mismatched = [
-        f'{k}: file {tuple(v.shape)} vs model {tuple(own[k].shape)}'
-        for k, v in state_dict.items() if k in own and v.shape != own[k].shape
+        f'{k}: file {tuple(v.shape)} vs model {tuple(own[k].shape)}' for k, v in state_dict.items()
+        if k in own and v.shape != own[k].shape
     ]
     missing = [k for k in own if k not in state_dict and not optional(k)]
     unexpected = [k for k in state_dict if k not in own and not optional(k)]
@@ -134,7 +134,8 @@ def guess_arch(backbone: PolaBackboneBase, state_dict) -> Optional[str]:
     backbone's) fits ``state_dict`` exactly; None if none does. Twins are built on the
     meta device where the backbone allows it."""
     # the full names first (PolaViT has 'deit-t' beside 'deit-tiny')
-    for arch in sorted((a for a in type(backbone).arch_zoo if len(a) > 1), key=lambda a: (-len(a), a)):
+    for arch in sorted((a for a in type(backbone).arch_zoo if len(a) > 1),
+                       key=lambda a: (-len(a), a)):
         for device in ('meta', 'cpu'):
             try:
                 with torch.device(device):
@@ -158,12 +159,13 @@ def fit_grids(twin: PolaBackboneBase, converted: Converted) -> Converted:
     for key, value in fitted.items():
         if value.shape != converted.state_dict[key].shape:
             file_key, how = origin[key]
-            origin[key] = (file_key, '; '.join(filter(None, [how, f'resized to {tuple(value.shape)}'])))
+            origin[key] = (file_key,
+                           '; '.join(filter(None, [how, f'resized to {tuple(value.shape)}'])))
     return converted._replace(state_dict=OrderedDict(fitted), origin=origin)
 
 
-def load_twin(twin: PolaBackboneBase, converted: Converted, backbone: PolaBackboneBase,
-              source: str, layout: Layout) -> Tuple[Set[str], Dict[str, str]]:
+def load_twin(twin: PolaBackboneBase, converted: Converted, backbone: PolaBackboneBase, source: str,
+              layout: Layout) -> Tuple[Set[str], Dict[str, str]]:
     """Load the converted file into the twin, strictly (keys the backbone declares
     optional, Swin's output norms, may be absent or extra); returns the twin keys taken
     from the file and the file keys the backbone has no place for."""
@@ -210,8 +212,8 @@ def fresh_init(backbone: PolaBackboneBase) -> None:
 class _Transfer:
     """Copies from the loaded twin into the backbone, and fills the report."""
 
-    def __init__(self, backbone, twin, converted: Converted, from_file: Set[str],
-                 prefix: str, report: WarmStartReport):
+    def __init__(self, backbone, twin, converted: Converted, from_file: Set[str], prefix: str,
+                 report: WarmStartReport):
         self.own, self.twin = backbone.state_dict(), twin.state_dict()
         self.converted, self.from_file, self.prefix = converted, from_file, prefix
         self.report = report
@@ -253,16 +255,17 @@ class _Transfer:
         copies, unused = translate(softmax, pola)
         for c in copies:
             if f'{path}.{c.softmax}' in self.from_file:
-                self.copy(f'{path}.{c.pola}', c.pola_rows, f'{path}.{c.softmax}',
-                          c.softmax_rows)
+                self.copy(f'{path}.{c.pola}', c.pola_rows, f'{path}.{c.softmax}', c.softmax_rows)
         self.twin_unused.update({f'{path}.{k}': why for k, why in unused.items()})
         for role, (layer, rows) in pola.projection_rows().items():
             for name in ('weight', 'bias'):
                 key = f'{path}.{layer}.{name}'
                 if key in self.covered and rows not in self.covered[key]:
                     self.report.partial[key] = '; '.join(
-                        filter(None, [self.report.partial.get(key),
-                                      f'{_ROLE_NAMES[role]} rows {rows.start}:{rows.stop} new']))
+                        filter(None, [
+                            self.report.partial.get(key),
+                            f'{_ROLE_NAMES[role]} rows {rows.start}:{rows.stop} new'
+                        ]))
         for name in pola.state_dict():
             key = f'{path}.{name}'
             if key not in self.report.loaded:
@@ -335,8 +338,7 @@ def warm_start(backbone: PolaBackboneBase,
             handled.update(f'{path}.{k}' for k in module.state_dict())
     transfer.rest(handled)
     order = {k: i for i, k in enumerate(transfer.own)}
-    report.loaded = type(report.loaded)(sorted(report.loaded.items(),
-                                               key=lambda kv: order[kv[0]]))
+    report.loaded = type(report.loaded)(sorted(report.loaded.items(), key=lambda kv: order[kv[0]]))
     report.unused.update({prefix + k: why for k, why in converted.dropped.items()})
     report.unused.update({prefix + k: why for k, why in extra.items()})
     report.unused.update(transfer.unused_file_keys())

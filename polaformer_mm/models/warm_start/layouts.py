@@ -14,7 +14,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from ..official_weights import _PVT_RULES, _SWIN_RULES
+from ..official_weights import PVT_RULES, SWIN_RULES
 
 #: the families a warm start knows, by the Pola backbone class that carries them
 FAMILY_OF_BACKBONE = {
@@ -98,14 +98,14 @@ def identity(state_dict: Dict[str, Tensor]) -> Converted:
 
 # ---------------------------------------------------------------- PVT v1 ------------
 
+
 def _pvt_official(state_dict: Dict[str, Tensor]) -> Converted:
     """whai362/PVT (v1) keys: ``patch_embed1``, ``pos_embed1``, ``block1.0.attn.q`` ...
     (the rules of the official PolaFormer PVT files, whose layout is PVT's); the class
     token, the final norm and the head of the classifier are dropped, and so is the
     class-token row of the last stage's position embedding."""
     out = _Builder()
-    stages = sorted(int(m[1]) for m in map(re.compile(r'^pos_embed(\d+)$').match, state_dict)
-                    if m)
+    stages = sorted(int(m[1]) for m in map(re.compile(r'^pos_embed(\d+)$').match, state_dict) if m)
     for key, value in state_dict.items():
         if key in ('cls_token', 'dist_token'):
             out.drop(key, 'class token of the classifier')
@@ -113,12 +113,12 @@ def _pvt_official(state_dict: Dict[str, Tensor]) -> Converted:
             out.drop(key, 'classifier head')
         elif key.startswith('norm.'):
             out.drop(key, 'final norm of the classifier')
-        elif (len(stages) > 1 and key == f'pos_embed{stages[-1]}' and value.shape[1]
-              == state_dict[f'pos_embed{stages[-2]}'].shape[1] // 4 + 1):
+        elif (len(stages) > 1 and key == f'pos_embed{stages[-1]}'
+              and value.shape[1] == state_dict[f'pos_embed{stages[-2]}'].shape[1] // 4 + 1):
             out.put(f'layers.{stages[-1] - 1}.pos_embed', value[:, 1:], key,
                     'class-token row dropped')
         else:
-            _, new_key = _rule_target(key, _PVT_RULES)
+            _, new_key = _rule_target(key, PVT_RULES)
             out.put(new_key or key, value, key)
     return out.result()
 
@@ -146,8 +146,8 @@ def _pvt_mmdet(state_dict: Dict[str, Tensor]) -> Converted:
             continue
         stage, block, rest = match[1], match[3], match[4]
         if block is None:  # the patch embedding
-            out.put(f'layers.{stage}.patch_embed.{rest.replace("projection.", "proj.", 1)}',
-                    value, key)
+            out.put(f'layers.{stage}.patch_embed.{rest.replace("projection.", "proj.", 1)}', value,
+                    key)
         elif block == '0' and rest == 'pos_embed':
             out.put(f'layers.{stage}.pos_embed', value, key)
         else:
@@ -162,8 +162,7 @@ def _pvt_mmdet_block(out: _Builder, prefix: str, key: str, rest: str, value: Ten
     if in_proj:
         dims = value.shape[0] // 3
         out.put(f'{prefix}attn.q.{in_proj[1]}', value[:dims], key, f'rows 0:{dims}')
-        out.put(f'{prefix}attn.kv.{in_proj[1]}', value[dims:], key,
-                f'rows {dims}:{3 * dims}')
+        out.put(f'{prefix}attn.kv.{in_proj[1]}', value[dims:], key, f'rows {dims}:{3 * dims}')
         return
     for old, new in _MMDET_PVT_BLOCK:
         if rest.startswith(old):
@@ -176,6 +175,7 @@ def _pvt_mmdet_block(out: _Builder, prefix: str, key: str, rest: str, value: Ten
 
 
 # ---------------------------------------------------------------- Swin --------------
+
 
 def _swin_official(state_dict: Dict[str, Tensor]) -> Converted:
     """microsoft/Swin-Transformer keys: ``patch_embed.proj``, ``layers.{i}.blocks.{j}``
@@ -191,7 +191,7 @@ def _swin_official(state_dict: Dict[str, Tensor]) -> Converted:
         elif key.startswith('norm.'):
             out.put(f'norm{num_stages - 1}.{key[len("norm."):]}', value, key)
         else:
-            matched, new_key = _rule_target(key, _SWIN_RULES)
+            matched, new_key = _rule_target(key, SWIN_RULES)
             if matched and new_key is None:
                 out.drop(key, 'buffer (the model rebuilds it)')
             else:
@@ -245,6 +245,7 @@ def _swin_mm(state_dict: Dict[str, Tensor]) -> Converted:
 
 # ---------------------------------------------------------------- PVTv2 -------------
 
+
 def _classifier_part(key: str) -> str:
     """Why a file key of a classification release has no place in a backbone."""
     if key.startswith(('head.', 'head_dist.')):
@@ -274,8 +275,8 @@ def _pvtv2_official(state_dict: Dict[str, Tensor]) -> Converted:
             out.pieces[key] = [(0, dims, q), (dims, 3 * dims, kv)]
             continue
         source = owner.get(value.data_ptr(), key)
-        how = ('linear weight as a 1x1 conv' if source in state_dict
-               and state_dict[source].dim() != value.dim() else '')
+        how = ('linear weight as a 1x1 conv'
+               if source in state_dict and state_dict[source].dim() != value.dim() else '')
         out.put(key, value, source, how)
     named = {o[0] for o in out.origin.values()}
     named.update(p[2] for pieces in out.pieces.values() for p in pieces)
@@ -353,20 +354,21 @@ _PVT_MMDET = (r'^layers\.\d+\.0\.projection\.weight$', r'^layers\.\d+\.1\.0\.pos
               r'^layers\.\d+\.1\.\d+\.attn\.attn\.in_proj_weight$')
 _PVTV2_RELEASE = (r'^patch_embed1\.proj\.weight$', r'^block1\.\d+\.mlp\.dwconv\.')
 _PVTV2_OWN = (r'^layers\.\d+\.0\.projection\.weight$', r'^layers\.\d+\.2\.weight$',
-               r'^layers\.\d+\.1\.\d+\.ffn\.layers\.1\.weight$')
+              r'^layers\.\d+\.1\.\d+\.ffn\.layers\.1\.weight$')
 _SWIN_OWN = (r'^patch_embed\.proj\.weight$', r'^stages\.\d+\.blocks\.\d+\.attn\.qkv\.weight$')
 _SWIN_OFFICIAL = (r'^patch_embed\.proj\.weight$', r'^layers\.\d+\.blocks\.\d+\.attn\.qkv\.weight$')
 _SWIN_MM = (r'^patch_embed\.projection\.weight$',
             r'^stages\.\d+\.blocks\.\d+\.attn\.w_msa\.qkv\.weight$')
-_VIT_OFFICIAL = (r'^cls_token$', r'^patch_embed\.proj\.weight$', r'^blocks\.\d+\.attn\.qkv\.weight$')
+_VIT_OFFICIAL = (r'^cls_token$', r'^patch_embed\.proj\.weight$',
+                 r'^blocks\.\d+\.attn\.qkv\.weight$')
 _VIT_MM = (r'^cls_token$', r'^patch_embed\.projection\.weight$',
            r'^layers\.\d+\.attn\.qkv\.weight$')
 
 #: every layout, by family
 LAYOUTS: List[Layout] = [
     Layout('pvt', 'PolaPVT with softmax stages', lambda k: _matches(k, *_PVT_OWN), identity),
-    Layout('pvt', 'the official PVT v1 release (whai362/PVT)',
-           lambda k: _matches(k, *_PVT_V1), _pvt_official),
+    Layout('pvt', 'the official PVT v1 release (whai362/PVT)', lambda k: _matches(k, *_PVT_V1),
+           _pvt_official),
     Layout('pvt', "mmdet's PyramidVisionTransformer", lambda k: _matches(k, *_PVT_MMDET),
            _pvt_mmdet),
     Layout('swin', 'PolaSwin with softmax stages', lambda k: _matches(k, *_SWIN_OWN), identity),

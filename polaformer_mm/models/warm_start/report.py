@@ -74,8 +74,8 @@ class WarmStartReport:
         for key, why in self.unused.items():
             by_reason.setdefault(why, []).append(key)
         for why, keys in by_reason.items():
-            shown = ', '.join(keys[:limit]) + (f', ... ({len(keys)} in all)'
-                                               if len(keys) > limit else '')
+            shown = ', '.join(
+                keys[:limit]) + (f', ... ({len(keys)} in all)' if len(keys) > limit else '')
             lines.append(f'  unused ({why}): {shown}')
         return '\n'.join(lines)
 
@@ -89,4 +89,3 @@ class WarmStartReport:
         lines += [f'new     {key} ({why})' for key, why in self.new.items()]
         lines += [f'unused  {key} ({why})' for key, why in self.unused.items()]
         return '\n'.join(lines)
-

@@ -11,7 +11,6 @@ left unused.
 """
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
-import torch
 import torch.nn as nn
 
 from ..attention import PolaLinearAttention
@@ -67,8 +66,7 @@ def _softmax_rows(module: nn.Module) -> _SoftmaxRows:
     return _SoftmaxRows(roles, (f'{proj}.weight', bias(f'{proj}.bias')), reduction)
 
 
-def translate(softmax: nn.Module,
-              pola: PolaLinearAttention) -> Tuple[List[Copy], Dict[str, str]]:
+def translate(softmax: nn.Module, pola: PolaLinearAttention) -> Tuple[List[Copy], Dict[str, str]]:
     """The copies that carry the softmax attention ``softmax`` into ``pola`` (names
     inside each module), and the softmax tensors they leave unused, with the reason."""
     src = _softmax_rows(softmax)
@@ -98,9 +96,8 @@ def translate(softmax: nn.Module,
         if name in used:
             continue
         if src.reduction is not None and name.startswith(src.reduction[:2]):
-            unused[name] = (f'spatial reduction by {src.reduction[2]}; the Pola attention '
-                            + (f'reduces by {pola.sr_ratio}' if pola.sr_ratio > 1 else
-                               'has none'))
+            unused[name] = (f'spatial reduction by {src.reduction[2]}; the Pola attention ' +
+                            (f'reduces by {pola.sr_ratio}' if pola.sr_ratio > 1 else 'has none'))
         elif 'relative_position' in name:
             unused[name] = 'relative position bias (Pola attention has none)'
         else:
