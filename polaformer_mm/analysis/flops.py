@@ -161,7 +161,8 @@ def describe_backbone(cfg: Config) -> str:
     for key in ('num_layers', 'depths'):
         if key in backbone:
             width = f" C={backbone.embed_dims}" if 'embed_dims' in backbone else ''
-            return f'{kind}{width} {list(backbone[key])}'
+            depth = backbone[key]  # per stage, or one int (a plain ViT's num_layers)
+            return f'{kind}{width} {list(depth) if isinstance(depth, (list, tuple)) else depth}'
     return kind
 
 

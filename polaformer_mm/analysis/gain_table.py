@@ -48,8 +48,10 @@ MODEL_NAMES = {
     'UPerHead': 'UperNet'
 }
 DATASET_NAMES = {'CocoDataset': 'COCO', 'ADE20KDataset': 'ADE20K'}
-_ARCH = re.compile(r'(?:^|_)(pola-)?(pvt|swin)-([tsmlb])(?=[-_]|$)')
-_SIZES = 'tsmlb'
+# '[pola-]<family>-<size>' in a config name (DeiT sizes carry the patch size: deit-s16)
+_ARCH = re.compile(r'(?:^|_)(pola-)?(pvtv2|pvt|swin|deit)-(b[0-5]|[tsmlb])(?:16)?(?=[-_]|$)')
+_FAMILIES = {'pvt': 'PVT', 'swin': 'Swin', 'pvtv2': 'PVTv2', 'deit': 'DeiT'}
+_SIZES = ['t', 's', 'm', 'l', 'b'] + [f'b{i}' for i in range(6)]
 
 
 class Run:
@@ -164,17 +166,21 @@ def group_of(cfg: Config) -> str:
     kind = model.get('type', '?')
     if 'decode_head' in model:
         kind = model.decode_head.get('type', kind)
+    name = MODEL_NAMES.get(kind, kind)
+    neck = model.get('neck')
+    if isinstance(neck, dict) and str(neck.get('type', '')).split('.')[-1] == 'MultiLevelNeck':
+        name += ' + MLN'  # mmseg's ViT UperNet with its multi-level neck
     dataset = str(_innermost(cfg.test_dataloader.dataset).get('type', '?')).split('.')[-1]
-    return (f'{MODEL_NAMES.get(kind, kind)}, {DATASET_NAMES.get(dataset, dataset)}, '
-            f'{schedule_of(cfg)}')
+    return f'{name}, {DATASET_NAMES.get(dataset, dataset)}, {schedule_of(cfg)}'
 
 
 def backbone_label(run: Run) -> str:
-    """'Pola-PVT-T', 'Swin-S', ... from the config name, else from the config."""
+    """'Pola-PVT-T', 'Swin-S', 'Pola-PVTv2-B0', 'DeiT-S', ... from the config name, else
+    from the config."""
     m = _ARCH.search(run.stem)
     if m:
         pola, family, size = m.groups()
-        return f"{'Pola-' if pola else ''}{'PVT' if family == 'pvt' else 'Swin'}-{size.upper()}"
+        return f"{'Pola-' if pola else ''}{_FAMILIES[family]}-{size.upper()}"
     return describe_backbone(run.cfg)
 
 
@@ -187,7 +193,7 @@ def _sort_key(run: Run):
     m = _ARCH.search(run.stem)
     if not m:
         return (2, run.stem, 0)
-    return (0 if m.group(2) == 'pvt' else 1, _SIZES.index(m.group(3)), run.stem)
+    return (list(_FAMILIES).index(m.group(2)), _SIZES.index(m.group(3)), run.stem)
 
 
 class FlopsCounter:

@@ -28,9 +28,15 @@ from polaformer_mm.workflows import project_root
 REPO = project_root()
 
 
-def _family(folder, pattern, archs):
-    return {f'{folder.split("_")[-1]}-{a}': f'{folder}/{pattern.format(a)}' for a in archs}
+def _family(folder, pattern, archs, name=None):
+    """--arch name ('<family>-<size>', the family from the folder unless ``name``) ->
+    config."""
+    name = name or folder.split('_')[-1]
+    return {f'{name}-{a}': f'{folder}/{pattern.format(a)}' for a in archs}
 
+
+_PVTV2 = ('b0', 'b1', 'b2')
+_DEIT_UPERNET = 'upernet_pola-deit-{{}}16{}_8xb2-{}_ade20k-512x512.py'  # neck, schedule
 
 # task -> description, whether the --tta test runs, arch -> Pola config (under configs/)
 TASKS = {
@@ -40,7 +46,8 @@ TASKS = {
         tta=False,
         configs={
             **_family('pola_pvt', 'mask-rcnn_pola-pvt-{}_fpn_1x_coco.py', 'tsml'),
-            **_family('pola_swin', 'mask-rcnn_pola-swin-{}-p4-w7_fpn_1x_coco.py', 'ts')
+            **_family('pola_swin', 'mask-rcnn_pola-swin-{}-p4-w7_fpn_1x_coco.py', 'ts'),
+            **_family('pola_pvtv2', 'mask-rcnn_pola-pvtv2-{}_fpn_1x_coco.py', _PVTV2)
         }),
     'mask-rcnn-3x':
     dict(
@@ -51,17 +58,36 @@ TASKS = {
     dict(
         desc='COCO RetinaNet 1x',
         tta=False,
-        configs=_family('pola_pvt', 'retinanet_pola-pvt-{}_fpn_1x_coco.py', 'tsml')),
+        configs={
+            **_family('pola_pvt', 'retinanet_pola-pvt-{}_fpn_1x_coco.py', 'tsml'),
+            **_family('pola_pvtv2', 'retinanet_pola-pvtv2-{}_fpn_1x_coco.py', _PVTV2)
+        }),
     'semantic-fpn':
     dict(
         desc='ADE20K Semantic FPN 80k',
         tta=True,
-        configs=_family('pola_pvt', 'fpn_pola-pvt-{}_4xb4-80k_ade20k-512x512.py', 'tsml')),
+        configs={
+            **_family('pola_pvt', 'fpn_pola-pvt-{}_4xb4-80k_ade20k-512x512.py', 'tsml'),
+            **_family('pola_pvtv2', 'fpn_pola-pvtv2-{}_4xb4-80k_ade20k-512x512.py', _PVTV2)
+        }),
     'upernet':
     dict(
         desc='ADE20K UperNet 160k',
         tta=True,
-        configs=_family('pola_swin', 'upernet_pola-swin-{}_8xb2-160k_ade20k-512x512.py', 'tsb')),
+        configs={
+            **_family('pola_swin', 'upernet_pola-swin-{}_8xb2-160k_ade20k-512x512.py', 'tsb'),
+            **_family('pola_vit', _DEIT_UPERNET.format('', '160k'), 'sb', 'deit')
+        }),
+    'upernet-80k':
+    dict(
+        desc='ADE20K UperNet 80k',
+        tta=True,
+        configs=_family('pola_vit', _DEIT_UPERNET.format('', '80k'), 'sb', 'deit')),
+    'upernet-mln':
+    dict(
+        desc='ADE20K UperNet 160k with the multi-level neck (ViT)',
+        tta=True,
+        configs=_family('pola_vit', _DEIT_UPERNET.format('_mln', '160k'), 'sb', 'deit')),
 }
 
 
@@ -387,7 +413,8 @@ def _do(step: Step, dry_run: bool) -> bool:
     missing = [p for p in step.needs if not osp.isfile(p)]
     for path in missing:
         print(
-            f'# needs {path}, which is missing (see tools/model_converters/official2mm.py)',
+            f'# needs {path}, which is missing (see tools/model_converters/official2mm.py; '
+            'softmax2pola.py for Pola-PVTv2 / Pola-DeiT)',
             flush=True)
     print(step.line(), flush=True)
     if dry_run:

@@ -26,7 +26,14 @@ from polaformer_mm.engine.model_check import check_model_channels
 from tests import REPO
 
 CONFIG_DIR = osp.join(REPO, 'configs')
-POLA_TYPES = ('PolaPVT', 'PolaSwin')
+POLA_TYPES = ('PolaPVT', 'PolaSwin', 'PolaPVTv2', 'PolaViT')
+# backbone type -> the family in checkpoints/pola_<family>_<size>_mm.pth
+CHECKPOINT_FAMILIES = {
+    'PolaPVT': 'pvt',
+    'PolaSwin': 'swin',
+    'PolaPVTv2': 'pvtv2',
+    'PolaViT': 'deit'
+}
 # someone else's folder: only the house rules (parse, imports, header, build) apply there
 RULES_ONLY = ('quickstart', )
 
@@ -69,10 +76,12 @@ def _is_pola(cfg):
 
 
 def _expected_checkpoint(backbone):
-    kind = 'pvt' if backbone['type'] == 'PolaPVT' else 'swin'
+    kind = CHECKPOINT_FAMILIES[backbone['type']]
     arch = backbone.get('arch', 'tiny')
     assert isinstance(arch, str), 'configs should name a standard arch'
-    return f'checkpoints/pola_{kind}_{arch[0].lower()}_mm.pth'
+    # PVTv2 sizes keep their name (b0..b5); the others their initial ('deit-small': 's')
+    size = arch.lower() if kind == 'pvtv2' else arch.split('-')[-1][0].lower()
+    return f'checkpoints/pola_{kind}_{size}_mm.pth'
 
 
 def _in_rules_only_folder(path):
@@ -81,7 +90,7 @@ def _in_rules_only_folder(path):
 
 def test_found_configs():
     assert len(CONFIGS) >= 50, CONFIGS
-    for folder in ('pola_pvt', 'pola_swin', 'imagenet'):
+    for folder in ('pola_pvt', 'pola_swin', 'pola_pvtv2', 'pola_vit', 'imagenet'):
         assert any(p.startswith(f'configs/{folder}/') for p in CONFIGS), folder
 
 
@@ -194,7 +203,8 @@ def _build_and_check(cfg):
         model.eval()
         with torch.no_grad():
             outs = model.backbone(torch.zeros(1, 3, 64, 64))
-        channels = [o.shape[1] for o in outs]
+        # a ViT with output_cls_token returns [patch map, class token] per output
+        channels = [(o[0] if isinstance(o, (list, tuple)) else o).shape[1] for o in outs]
         if _is_pola(cfg):
             assert channels == [model.backbone.num_features[i] for i in model.backbone.out_indices]
             assert channels == model.backbone.out_channels
@@ -228,6 +238,11 @@ def _check_weight_decay(cfg, model):
             decay[names[id(param)]] = group['weight_decay']
     base = cfg.optim_wrapper.optimizer.weight_decay
     paramwise = 'paramwise_cfg' in cfg.optim_wrapper
+    # mmpretrain's recipes: no decay for any 1-D parameter (PVTv2's stage norms layers.i.2,
+    # the ViT's LayerNorms ln1 / ln2 are norms without 'norm' in their names)
+    flat = paramwise and cfg.optim_wrapper.paramwise_cfg.get('flat_decay_mult') == 0
+    vit = cfg.model.backbone.type == 'PolaViT'
+    shapes = {n: p.shape for n, p in model.backbone.named_parameters()}
     backbone = {n[len('backbone.'):]: d for n, d in decay.items() if n.startswith('backbone.')}
     assert backbone
     for name, value in backbone.items():
@@ -236,6 +251,10 @@ def _check_weight_decay(cfg, model):
         if leaf in ('power', 'scale') or not paramwise:
             want = base
         elif leaf == 'relative_position_bias_table' or 'norm' in owner:
+            want = 0.
+        elif flat and len(shapes[name]) == 1:
+            want = 0.
+        elif vit and leaf in ('cls_token', 'pos_embed'):  # mmseg's / mmpretrain's ViT rules
             want = 0.
         elif leaf == 'positional_encoding':
             want = base if cfg.default_scope == 'mmpretrain' else 0.
@@ -259,10 +278,13 @@ def test_checkpoint_names_follow_converter():
     for path in CONFIGS:
         with open(osp.join(REPO, path)) as f:
             names.update(re.findall(r'checkpoints/pola_\w+?_mm\.pth', f.read()))
-    assert names <= {f'checkpoints/pola_pvt_{s}_mm.pth'
-                     for s in 'tsml'} | {f'checkpoints/pola_swin_{s}_mm.pth'
-                                         for s in 'tsb'}
-    assert len(names) == 7
+    official = {f'checkpoints/pola_pvt_{s}_mm.pth' for s in 'tsml'}
+    official |= {f'checkpoints/pola_swin_{s}_mm.pth' for s in 'tsb'}
+    assert official <= names
+    # families without official weights: files of the warm-start converter (or ImageNet runs)
+    warm = {f'checkpoints/pola_pvtv2_b{i}_mm.pth' for i in range(3)}
+    warm |= {f'checkpoints/pola_deit_{s}_mm.pth' for s in 'tsb'}
+    assert names - official == warm
 
 
 @pytest.fixture
@@ -285,6 +307,10 @@ def flop_table():
         'model.backbone.la_sr_ratios': [8, 4, 2, 1]
     }),
     ('configs/pola_swin/upernet_pola-swin-t_8xb2-160k_ade20k-512x512.py', None),
+    ('configs/pola_pvtv2/retinanet_pola-pvtv2-b0_fpn_1x_coco.py', {
+        'model.backbone.attn_types': 'LLSS'
+    }),
+    ('configs/pola_vit/upernet_pola-deit-s16_8xb2-80k_ade20k-512x512.py', None),
 ])
 def test_get_flops_counts_the_attention(path, options, flop_table):
     """tools/analysis_tools/get_flops.py (polaformer_mm.analysis.flops) counts every

@@ -21,7 +21,7 @@ def data_root(tmp_path_factory):
 
 
 def test_imagenet_configs_found():
-    assert len(IMAGENET) == 14, IMAGENET
+    assert len(IMAGENET) == 26, IMAGENET
 
 
 @pytest.mark.slow

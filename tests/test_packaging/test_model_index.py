@@ -14,7 +14,7 @@ from modelindex.load_model_index import load
 
 from tests import REPO
 
-ZOO_FOLDERS = ('pola_pvt', 'pola_swin', 'imagenet')
+ZOO_FOLDERS = ('pola_pvt', 'pola_swin', 'pola_pvtv2', 'pola_vit', 'imagenet')
 
 
 def _index():
@@ -72,6 +72,20 @@ def test_results_only_where_published():
 ARCHS = {'T': 'tiny', 'S': 'small', 'M': 'medium', 'L': 'large', 'B': 'base'}
 
 
+def _backbone_cfg(kind, size, imagenet):
+    """The backbone of a metafile entry as its configs build it (dense configs return
+    all four stages or, for the ViT, blocks 2/5/8/11 of a 512x512 model; ImageNet ones
+    the last stage or the class token)."""
+    if kind == 'Pola-DeiT':
+        vit = dict(type='PolaViT', arch=f'deit-{ARCHS[size]}')
+        if imagenet:
+            return dict(vit, img_size=224, final_norm=True)
+        return dict(vit, img_size=512, final_norm=False, out_indices=(2, 5, 8, 11))
+    arch = size.lower() if kind == 'Pola-PVTv2' else ARCHS[size]
+    out_indices = (3, ) if imagenet else (0, 1, 2, 3)
+    return dict(type=kind.replace('-', ''), arch=arch, out_indices=out_indices)
+
+
 def test_pola_backbone_params_match_the_code():
     """Backbone MParams of every Pola entry equal the parameter count of that backbone
     as the code builds it (dense configs return all four stages, ImageNet ones the last)."""
@@ -88,15 +102,15 @@ def test_pola_backbone_params_match_the_code():
         assert f'{kind[5:].lower()}-{size.lower()}' in model.name.replace('-tiny', '-t')\
             .replace('-small', '-s').replace('-medium', '-m').replace('-large', '-l')\
             .replace('-base', '-b'), model.name
-        out_indices = (3, ) if data['Training Data'] == 'ImageNet-1k' else (0, 1, 2, 3)
-        key = (kind, size, out_indices)
+        key = (kind, size, data['Training Data'] == 'ImageNet-1k')
         if key not in measured:
-            backbone = MODELS.build(
-                dict(type=kind.replace('-', ''), arch=ARCHS[size], out_indices=out_indices))
+            backbone = MODELS.build(_backbone_cfg(*key))
             measured[key] = sum(p.numel() for p in backbone.parameters()) / 1e6
         assert measured[key] == pytest.approx(data['Backbone MParams'], abs=0.006), \
             model.name
-    assert len(measured) == 14  # PVT T/S/M/L and Swin T/S/B, dense and ImageNet
+    # PVT T/S/M/L, Swin T/S/B and PVTv2 B0/B1/B2, dense and ImageNet; DeiT S/B dense,
+    # T/S/B ImageNet
+    assert len(measured) == 25
 
 
 def _package_copy(dst):

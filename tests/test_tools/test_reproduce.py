@@ -212,3 +212,19 @@ def test_list_gpu_count_and_missing_weights(reproduce_tool, capsys, tmp_path, mo
         reproduce.Planner('work_dirs', 3).plan('upernet', 'swin-t')
     with pytest.raises(SystemExit):
         reproduce_tool.parse_args(['upernet', '--arch', 'pvt-t'])
+
+
+def test_every_task_config_pairs_with_a_labelled_baseline():
+    """Each Pola config of the kit has its softmax baseline beside it, and the gain table
+    labels the two by family and size from their names (Pola-PVTv2-B0 / PVTv2-B0, ...)."""
+    for task, spec in reproduce.TASKS.items():
+        for arch in spec['configs']:
+            pola = reproduce.pola_config(task, arch)
+            base = reproduce.softmax_config(pola)
+            assert osp.isfile(pola) and osp.isfile(base), (pola, base)
+            labels = [
+                gain_table.backbone_label(gain_table.Run(osp.splitext(osp.basename(p))[0]))
+                for p in (pola, base)
+            ]
+            assert labels[0] == 'Pola-' + labels[1], (task, arch, labels)
+            assert labels[1].lower() == arch, (task, arch, labels)

@@ -1,0 +1,28 @@
+# Warm-start fine-tuning of Pola-DeiT-S on ImageNet-1k, 224x224: the model, data and
+# augmentation of pola-deit-small_4xb256_in1k.py, with the schedule of the Swin
+# Transformer fine-tuning recipe (microsoft/Swin-Transformer configs/swin/
+# swin_base_patch4_window7_224_22kto1k_finetune.yaml: 30 epochs, 5-epoch linear warm-up,
+# cosine, AdamW base lr 2e-5 per 512 images, warm-up from 2e-8 and down to 2e-7 per 512,
+# wd 1e-8), at 4 x 256 = 1024 images, as the Pola-PVT / Pola-Swin fine-tuning configs.
+#
+# `load_from` reads checkpoints/pola_deit_s_mm.pth. No official Pola-DeiT checkpoint
+# exists: this file is the backbone of the softmax DeiT-S classifier
+#   https://download.openmmlab.com/mmclassification/v0/deit/deit-small_pt-4xb256_in1k_20220218-9425b9bb.pth
+# warm-started by tools/model_converters/softmax2pola.py (every tensor of the same meaning
+# copied, the Pola-only parameters freshly initialised; it holds backbone.* only, so the
+# classifier head starts from its initialisation):
+#   python tools/model_converters/softmax2pola.py SOFTMAX.pth checkpoints/pola_deit_s_mm.pth \
+#       --config configs/imagenet/pola-deit-small_4xb256_in1k.py
+# or the checkpoint of a run of pola-deit-small_4xb256_in1k.py (then the whole classifier).
+_base_ = './pola-deit-small_4xb256_in1k.py'
+
+custom_imports = dict(imports=['polaformer_mm'], allow_failed_imports=False)
+
+load_from = 'checkpoints/pola_deit_s_mm.pth'
+
+optim_wrapper = dict(optimizer=dict(lr=2e-5 * 1024 / 512, weight_decay=1e-8))
+param_scheduler = [
+    dict(type='LinearLR', start_factor=1e-3, by_epoch=True, end=5, convert_to_iter_based=True),
+    dict(type='CosineAnnealingLR', eta_min=2e-7 * 1024 / 512, by_epoch=True, begin=5)
+]
+train_cfg = dict(max_epochs=30)

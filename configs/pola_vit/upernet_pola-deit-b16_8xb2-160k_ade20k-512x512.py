@@ -1,0 +1,31 @@
+# Pola-DeiT-B/16 + UperNet, ADE20K, DeiT UperNet protocol: data, schedule and optimizer
+# (512x512, 8x2, 160k, AdamW lr 6e-5 wd 0.01, 1500-iter warm-up + poly, custom_keys rules)
+# come from the softmax baseline upernet_deit-b16_8xb2-160k_ade20k-512x512.py;
+# only the backbone is swapped: PolaViT with Pola attention in every block, the same
+# outputs as the baseline's ViT (blocks 2/5/8/11, no final norm, 768 channels, position
+# embeddings resized bicubically to the 512x512 grid), drop path 0.1.
+#
+# Weights: no official Pola-DeiT checkpoint exists. checkpoints/pola_deit_b_mm.pth is the
+# softmax DeiT-B ImageNet file turned into Pola-DeiT by the warm-start converter
+# (tools/model_converters/softmax2pola.py), or the checkpoint of an ImageNet run of
+# configs/imagenet/pola-deit-base_*_in1k.py (see configs/pola_vit/README.md). To
+# warm-start from the softmax release while the model is built, use the commented init_cfg.
+_base_ = './upernet_deit-b16_8xb2-160k_ade20k-512x512.py'
+
+custom_imports = dict(imports=['polaformer_mm'], allow_failed_imports=False)
+
+model = dict(
+    pretrained=None,
+    backbone=dict(
+        _delete_=True,
+        type='PolaViT',
+        arch='deit-base',
+        img_size=(512, 512),
+        attn_types='L',
+        out_indices=(2, 5, 8, 11),
+        final_norm=False,
+        interpolate_mode='bicubic',
+        drop_path_rate=0.1,
+        # warm start from the softmax release instead (see the header):
+        # init_cfg=dict(type='WarmStart', checkpoint='https://download.openmmlab.com/mmclassification/v0/deit/deit-base_pt-16xb64_in1k_20220216-db63c16c.pth', prefix='backbone.'),
+        init_cfg=dict(type='Pretrained', checkpoint='checkpoints/pola_deit_b_mm.pth')))
