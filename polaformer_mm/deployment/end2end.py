@@ -250,7 +250,8 @@ def export_end2end(config: Union[str, 'Config'],
                    shape: Sequence[int],
                    dynamic: Optional[bool] = True,
                    deploy_cfg: Union[str, 'Config', None] = None,
-                   image: Optional[np.ndarray] = None) -> End2EndExport:
+                   image: Optional[np.ndarray] = None,
+                   opset: Optional[int] = None) -> End2EndExport:
     """Export a whole detector / segmentor, post-processing included, with mmdeploy's
     rewrites for the onnxruntime backend (:data:`MMDEPLOY_VERSION`).
 
@@ -278,6 +279,8 @@ def export_end2end(config: Union[str, 'Config'],
             backend); default: the project's for the model's task (:data:`DEPLOY_CONFIGS`).
         image (np.ndarray, optional): BGR image for the trace (resized to ``shape``);
             default: random.
+        opset (int, optional): the graph's opset, in place of the deploy config's
+            ``onnx_config.opset_version``. Default: None (the deploy config's).
     """
     from ..engine.entry import load_config
     from ..utils.compat import legacy_onnx_export_api
@@ -287,6 +290,8 @@ def export_end2end(config: Union[str, 'Config'],
     model = build_model(cfg, checkpoint)
     task = end2end_task(model)
     deploy, dynamic = load_deploy_config(deploy_cfg or deploy_config_file(task), dynamic)
+    if opset is not None:
+        deploy.onnx_config.opset_version = int(opset)
     if image is None:
         image = random_images(1, shape)[0]
     inputs, sample = preprocess_image(model, image, shape)
