@@ -279,8 +279,8 @@ def export_end2end(config: Union[str, 'Config'],
             backend); default: the project's for the model's task (:data:`DEPLOY_CONFIGS`).
         image (np.ndarray, optional): BGR image for the trace (resized to ``shape``);
             default: random.
-        opset (int, optional): the graph's opset, in place of the deploy config's
-            ``onnx_config.opset_version``. Default: None (the deploy config's).
+        opset (int, optional): the graph's opset in place of the deploy config's
+            ``onnx_config.opset_version`` (None: the deploy config's).
     """
     from ..engine.entry import load_config
     from ..utils.compat import legacy_onnx_export_api
@@ -290,8 +290,6 @@ def export_end2end(config: Union[str, 'Config'],
     model = build_model(cfg, checkpoint)
     task = end2end_task(model)
     deploy, dynamic = load_deploy_config(deploy_cfg or deploy_config_file(task), dynamic)
-    if opset is not None:
-        deploy.onnx_config.opset_version = int(opset)
     if image is None:
         image = random_images(1, shape)[0]
     inputs, sample = preprocess_image(model, image, shape)
@@ -320,7 +318,7 @@ def export_end2end(config: Union[str, 'Config'],
             context_info={'deploy_cfg': deploy},
             input_names=list(onnx_cfg['input_names']),
             output_names=list(onnx_cfg['output_names']),
-            opset_version=onnx_cfg.get('opset_version', DEFAULT_OPSET),
+            opset_version=opset or onnx_cfg.get('opset_version', DEFAULT_OPSET),
             dynamic_axes=get_dynamic_axes(deploy, names),
             keep_initializers_as_inputs=onnx_cfg.get('keep_initializers_as_inputs', False),
             optimize=False)
