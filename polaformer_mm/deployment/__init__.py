@@ -13,7 +13,10 @@ role:
   configs and inputs;
 * :mod:`~polaformer_mm.deployment.checks` -- onnxruntime against PyTorch: every output of
   a tensor export (:func:`compare_onnxruntime`), the boxes or class maps of an end-to-end
-  one (:func:`compare_end2end`), and timing.
+  one (:func:`compare_end2end`), and timing;
+* :mod:`~polaformer_mm.deployment.benchmark` -- the rows of
+  ``tools/analysis_tools/benchmark_onnx.py``: one export timed in both runtimes at the
+  opset it needs, or the reason it failed (:func:`benchmark_run`), as Markdown and JSON.
 
 Every graph takes the model's *preprocessed* input: normalised by the data
 preprocessor's mean / std and padded as it pads, as mmdeploy's exported graphs do.
@@ -22,10 +25,14 @@ The exports record a trace with the TorchScript exporter and set the graph-captu
 (:func:`polaformer_mm.utils.capture.exportable`); under it the Pola modules take their
 plain tensor formulations, so that every size-dependent step is in the graph and one file
 serves any input size. The graphs use the operators of opset 11 (mmdeploy's default).
+Those plain forms are also laid out for graph runtimes (token-wise layers on 2-D rows,
+one ``Gemm`` each; the attention's products shared by its two streams; bicubic resizes as
+matrix products), with the results of the eager forms up to rounding.
 
 Importing the package imports neither mmdeploy nor mmdet / mmseg: the end-to-end export
 imports mmdeploy and registers the rewrites when it runs.
 """
+from .benchmark import BenchmarkRow, benchmark_run
 from .checks import (BoxAgreement, Difference, MapAgreement, compare_end2end, compare_onnxruntime,
                      match_boxes, median_seconds, other_shapes, time_end2end, time_runs)
 from .end2end import (DEPLOY_CONFIGS, MMDEPLOY_INSTALL, MMDEPLOY_VERSION, DeployConfigError,
@@ -43,5 +50,6 @@ __all__ = [
     'BoxAgreement', 'DeployConfigError', 'End2EndExport', 'MapAgreement',
     'adaptive_avg_pool2d_matmul', 'compare_end2end', 'deploy_config_file', 'end2end_task',
     'export_end2end', 'folder_images', 'load_deploy_config', 'match_boxes', 'mmdeploy_missing',
-    'preprocess_image', 'random_images', 'sample_images', 'register_mmdeploy_rewrites'
+    'preprocess_image', 'random_images', 'sample_images', 'register_mmdeploy_rewrites',
+    'BenchmarkRow', 'benchmark_run'
 ]

@@ -11,7 +11,7 @@ PyTorch module it came from.
 * the median time per image of both runtimes (:func:`time_runs`, :func:`time_end2end`).
 """
 import time
-from typing import Dict, List, NamedTuple, Sequence, Tuple, Union
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -35,10 +35,12 @@ class Difference(NamedTuple):
     max_rel: float  #: max_abs / max |torch| (relative to the output's peak)
 
 
-def _session(path: str):
+def _session(path: str, threads: Optional[int] = None):
     import onnxruntime as ort
     options = ort.SessionOptions()
     options.log_severity_level = 3  # no warnings on the dynamic output shapes
+    if threads:
+        options.intra_op_num_threads = threads
     return ort.InferenceSession(path, options, providers=['CPUExecutionProvider'])
 
 
@@ -100,11 +102,12 @@ def time_runs(module: nn.Module,
               shape: Sequence[int],
               repeats: int = 10,
               warmup: int = 2,
-              in_channels: int = 3) -> Dict[str, float]:
+              in_channels: int = 3,
+              threads: Optional[int] = None) -> Dict[str, float]:
     """Median seconds per (1, in_channels, H, W) forward of ``module`` in PyTorch eager
-    (no gradients) and of the file in onnxruntime (CPU), on this machine with torch's and
-    onnxruntime's default thread counts."""
-    session = _session(path)
+    (no gradients) and of the file in onnxruntime (CPU), on this machine with torch's
+    thread count and ``threads`` intra-op threads of onnxruntime (None: its default)."""
+    session = _session(path, threads)
     images = torch.randn(1, in_channels, *(int(s) for s in shape))
     feed = {session.get_inputs()[0].name: images.numpy()}
     with torch.no_grad():
@@ -242,12 +245,13 @@ def time_end2end(export: End2EndExport,
                  image: np.ndarray,
                  shape: Sequence[int],
                  repeats: int = 10,
-                 warmup: int = 2) -> Dict[str, float]:
+                 warmup: int = 2,
+                 threads: Optional[int] = None) -> Dict[str, float]:
     """Median seconds per image of the whole model: PyTorch eager ``model.predict`` (no
     gradients; for Mask R-CNN the masks pasted into the input) and the end-to-end file in
     onnxruntime (CPU; masks M x M per detection), on ``image`` resized to ``shape`` and
-    preprocessed (preprocessing not timed)."""
-    session = _session(export.path)
+    preprocessed (preprocessing not timed); ``threads`` as :func:`time_runs`."""
+    session = _session(export.path, threads)
     inputs, sample = preprocess_image(export.model, image, shape)
     feed = {session.get_inputs()[0].name: inputs.numpy()}
     kwargs = {} if export.task == 'segmentation' else {'rescale': False}

@@ -250,7 +250,8 @@ def export_end2end(config: Union[str, 'Config'],
                    shape: Sequence[int],
                    dynamic: Optional[bool] = True,
                    deploy_cfg: Union[str, 'Config', None] = None,
-                   image: Optional[np.ndarray] = None) -> End2EndExport:
+                   image: Optional[np.ndarray] = None,
+                   opset: Optional[int] = None) -> End2EndExport:
     """Export a whole detector / segmentor, post-processing included, with mmdeploy's
     rewrites for the onnxruntime backend (:data:`MMDEPLOY_VERSION`).
 
@@ -278,6 +279,8 @@ def export_end2end(config: Union[str, 'Config'],
             backend); default: the project's for the model's task (:data:`DEPLOY_CONFIGS`).
         image (np.ndarray, optional): BGR image for the trace (resized to ``shape``);
             default: random.
+        opset (int, optional): the graph's opset in place of the deploy config's
+            ``onnx_config.opset_version`` (None: the deploy config's).
     """
     from ..engine.entry import load_config
     from ..utils.compat import legacy_onnx_export_api
@@ -315,7 +318,7 @@ def export_end2end(config: Union[str, 'Config'],
             context_info={'deploy_cfg': deploy},
             input_names=list(onnx_cfg['input_names']),
             output_names=list(onnx_cfg['output_names']),
-            opset_version=onnx_cfg.get('opset_version', DEFAULT_OPSET),
+            opset_version=opset or onnx_cfg.get('opset_version', DEFAULT_OPSET),
             dynamic_axes=get_dynamic_axes(deploy, names),
             keep_initializers_as_inputs=onnx_cfg.get('keep_initializers_as_inputs', False),
             optimize=False)

@@ -4,6 +4,7 @@ used by 'S' stages (PVT spatial-reduction attention, Swin window attention).
 The computation of :class:`PolaLinearAttention` is written up in
 ``docs/advanced_guides/method.md``.
 """
+from functools import partial
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
@@ -15,7 +16,7 @@ from torch import Tensor
 from ..ops import pola_linear_attention
 from ..ops.pola_attention.checks import check_alpha
 from .utils import (check_sizes, conv_token_map, depthwise_conv, nchw_to_nlc, nlc_to_nchw,
-                    pad_to_multiple, resize_token_grid, softmax_attention)
+                    pad_to_multiple, resize_token_grid, softmax_attention, token_rows)
 
 FAMILIES = ('pvt', 'swin')
 
@@ -80,7 +81,8 @@ def linear_parts(layer: nn.Linear, x: Tensor, parts: int) -> List[Tensor]:
     a few tens of MB, which the C allocator recycles between steps, where the whole
     output is mapped afresh every time)."""
     biases = [None] * parts if layer.bias is None else layer.bias.chunk(parts)
-    return [F.linear(x, w, b) for w, b in zip(layer.weight.chunk(parts), biases)]
+    weights = layer.weight.chunk(parts)
+    return [token_rows(partial(F.linear, weight=w, bias=b), x) for w, b in zip(weights, biases)]
 
 
 @MODELS.register_module()
@@ -275,7 +277,7 @@ class PolaLinearAttention(nn.Module):
             x, hw_shape, padding_mask, pos_encoding, divide=False)
         out = pola_linear_attention(q, k, v, self.power, self.alpha, eps, scale=scale)
         out = out.transpose(1, 2).reshape(B, N, C)
-        out = self.proj((out + self.local_term(v, hw_shape)) * g)
+        out = token_rows(self.proj, (out + self.local_term(v, hw_shape)) * g)
         return self.proj_drop(out)
 
     def local_term(self, v: Tensor, hw_shape: Sequence[int]) -> Tensor:
@@ -336,15 +338,15 @@ class SpatialReductionAttention(nn.Module):
     def forward(self, x: Tensor, hw_shape: Sequence[int]) -> Tensor:
         """Softmax attention of every token over the reduced tokens."""
         B, N, C = x.shape
-        q = self.q(x).reshape(B, N, self.num_heads, self.head_dims).transpose(1, 2)
+        q = token_rows(self.q, x).reshape(B, N, self.num_heads, self.head_dims).transpose(1, 2)
         if self.reduction is not None:
             x, _ = self.reduction(x, hw_shape)
-        k, v = self.kv(x).reshape(B, -1, 2, self.num_heads, self.head_dims).permute(2, 0, 3, 1,
-                                                                                    4).unbind(0)
+        k, v = token_rows(self.kv, x).reshape(B, -1, 2, self.num_heads,
+                                              self.head_dims).permute(2, 0, 3, 1, 4).unbind(0)
         dropout = self.attn_drop if self.training else 0.
         out = softmax_attention(q, k, v, self.head_dims, dropout, self.training)
         out = out.transpose(1, 2).reshape(B, N, C)
-        return self.proj_drop(self.proj(out))
+        return self.proj_drop(token_rows(self.proj, out))
 
 
 def relative_position_index(window_size: int) -> Tensor:
@@ -395,7 +397,8 @@ class WindowMSA(nn.Module):
         """Attention within each window, with the relative position bias and the
         additive ``mask`` (per window, shared by the batch)."""
         Bw, T, C = x.shape
-        qkv = self.qkv(x).reshape(Bw, T, 3, self.num_heads, self.head_dims).permute(2, 0, 3, 1, 4)
+        qkv = token_rows(self.qkv, x).reshape(Bw, T, 3, self.num_heads,
+                                              self.head_dims).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
         attn = (q * self.head_dims**-0.5) @ k.transpose(-2, -1)
         bias = self.relative_position_bias_table[self.relative_position_index.view(-1)].view(
@@ -407,4 +410,4 @@ class WindowMSA(nn.Module):
             attn = attn.view(Bw, self.num_heads, T, T)
         attn = self.attn_drop(attn.softmax(dim=-1))
         out = (attn @ v).transpose(1, 2).reshape(Bw, T, C)
-        return self.proj_drop(self.proj(out))
+        return self.proj_drop(token_rows(self.proj, out))

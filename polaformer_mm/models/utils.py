@@ -7,14 +7,18 @@ makes that choice itself, once, and the layers only call it:
 * :func:`check_sizes`: size checks in Python, eager only (a graph leaves them to the
   runtime);
 * :func:`pad_to_multiple`: padding by amounts the graph computes (always, possibly by 0);
-* :func:`resize_token_grid`: interpolation by cached matrices, or ``F.interpolate``;
+* :func:`token_rows`: a per-token layer on (..., C) tokens, or on the tokens flattened
+  to (T, C) rows (a linear layer is then one ``Gemm`` with its bias, where a 3-D input
+  records a ``MatMul`` and a separate ``Add``);
+* :func:`resize_token_grid`: interpolation by cached matrices, or ``F.interpolate``
+  (bilinear) and matrix products with recorded interpolation matrices (bicubic);
 * :class:`StagePositionalEncodings`: resized encodings cached per grid, or recorded;
 * :func:`window_layout`: the Swin window layout cached per size, or recorded;
 * :func:`depthwise_conv`: :func:`~polaformer_mm.ops.depthwise_conv2d`, or ``F.conv2d``;
 * :func:`softmax_attention`: ``F.scaled_dot_product_attention``, or its maths in the
   operators of every ONNX opset;
 * :class:`Mlp`: :func:`~polaformer_mm.ops.mlp_gelu` over blocks of tokens, or module by
-  module.
+  module on token rows.
 
 The attention op itself decides in its dispatch (:mod:`polaformer_mm.ops.pola_attention`).
 """
@@ -48,6 +52,18 @@ def check_sizes(error: Callable[[], Optional[str]]) -> None:
     message = error()
     if message is not None:
         raise ValueError(message)
+
+
+def token_rows(layer: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+    """``layer(x)`` for a layer that acts on every token alone (a linear layer, an MLP)
+    of tokens ``x`` (..., C). In a graph capture the layer takes the tokens as (T, C)
+    rows and its result is laid out as ``x``: a linear layer on a 2-D input is recorded
+    as one ``Gemm`` with its bias (graph runtimes fuse the bias into the product), on a
+    3-D input as a ``MatMul`` and an ``Add``, a second pass over the whole output."""
+    if not graph_capture() or x.dim() == 2:
+        return layer(x)
+    out = layer(x.reshape(-1, x.shape[-1]))
+    return out.reshape(x.shape[:-1] + out.shape[-1:])
 
 
 def nlc_to_nchw(x: Tensor, hw_shape: Sequence[int]) -> Tensor:
@@ -100,6 +116,38 @@ def interpolation_matrix(src: int, dst: int, mode: str, device: torch.device,
     return weights.view(src, dst).t().to(device=device, dtype=dtype).contiguous()
 
 
+def _captured_interpolation_matrix(src: int, dst, mode: str, like: Tensor) -> Tensor:
+    """:func:`interpolation_matrix` as a graph records it: the (dst, src) matrix read off
+    by interpolating the ``src`` x ``src`` identity (a constant) to ``dst`` samples, a
+    size the graph computes (a resize of ``src * dst`` values)."""
+    eye = torch.eye(src, dtype=like.dtype, device=like.device).reshape(1, src, src, 1)
+    weights = F.interpolate(eye, size=(dst, 1), mode=mode, align_corners=False)
+    return weights.reshape(src, -1).transpose(0, 1)
+
+
+def _captured_resize_token_grid(tokens: Tensor, src_hw: Tuple[int, int], dst_hw: Sequence,
+                                mode: str) -> Tensor:
+    """:func:`resize_token_grid` in a graph capture, for any ``dst_hw`` the graph computes.
+
+    'bilinear': ``F.interpolate`` itself (one Resize). 'bicubic': two matrix products with
+    the interpolation matrices of the axes, themselves resizes of identities in the graph
+    (:func:`_captured_interpolation_matrix`): the same weights, and the same results up to
+    rounding, where a runtime's bicubic Resize of the whole (T, C, Hd, Wd) grid can take
+    many times longer (onnxruntime's does).
+    """
+    T, _, C = tokens.shape
+    (Hs, Ws), (Hd, Wd) = src_hw, dst_hw
+    if mode != 'bicubic':
+        grid = tokens.reshape(T, Hs, Ws, C).permute(0, 3, 1, 2)
+        grid = F.interpolate(grid, size=(Hd, Wd), mode=mode, align_corners=False)
+        return grid.flatten(2).transpose(1, 2)
+    rows = _captured_interpolation_matrix(Hs, Hd, mode, tokens)
+    cols = _captured_interpolation_matrix(Ws, Wd, mode, tokens)
+    x = torch.matmul(rows, tokens.reshape(T, Hs, Ws * C))  # (T, Hd, Ws*C)
+    x = torch.matmul(cols, x.reshape(-1, Ws, C))  # (T*Hd, Wd, C)
+    return x.reshape(T, -1, C)
+
+
 def resize_token_grid(tokens: Tensor, src_hw: Sequence[int], dst_hw: Sequence[int],
                       mode: str) -> Tensor:
     """Resize (T, Hs*Ws, C) tokens laid out on ``src_hw`` to ``dst_hw``: the result
@@ -119,9 +167,7 @@ def resize_token_grid(tokens: Tensor, src_hw: Sequence[int], dst_hw: Sequence[in
     T, N, C = tokens.shape
     (Hs, Ws), (Hd, Wd) = src_hw, dst_hw
     if graph_capture():
-        grid = tokens.reshape(T, Hs, Ws, C).permute(0, 3, 1, 2)
-        grid = F.interpolate(grid, size=dst_hw, mode=mode, align_corners=False)
-        return grid.flatten(2).transpose(1, 2)
+        return _captured_resize_token_grid(tokens, src_hw, dst_hw, mode)
     if src_hw == dst_hw:
         return tokens
     if N != Hs * Ws:
@@ -320,10 +366,13 @@ class Mlp(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """The MLP of every token: on the CPU with GELU and no active dropout, by
         :func:`~polaformer_mm.ops.mlp_gelu` (blocks of tokens; the same maths with a
-        fraction of the memory traffic), else module by module."""
+        fraction of the memory traffic), else module by module (:func:`token_rows`)."""
         if self._blocked(x):
             return mlp_gelu(x, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias,
                             self.act.approximate)
+        return token_rows(self._modules_in_turn, x)
+
+    def _modules_in_turn(self, x: Tensor) -> Tensor:
         return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
 
     def _blocked(self, x: Tensor) -> bool:

@@ -1,7 +1,8 @@
 """onnxruntime (CPU) against PyTorch eager: median seconds per image of exported models.
 
     python tools/analysis_tools/benchmark_onnx.py CONFIG H W [CONFIG H W ...]
-        [--parts backbone end2end] [--repeats 10] [--warmup 2] [--work-dir DIR]
+        [--parts backbone end2end] [--repeats 10] [--warmup 2] [--opsets 11 13 17]
+        [--threads N] [--work-dir DIR] [--out-md FILE] [--out-json FILE]
 
 Every CONFIG is exported as ``tools/deployment/pytorch2onnx.py`` exports it, once per part
 of ``--parts`` (initial weights: the speed does not depend on them):
@@ -11,11 +12,18 @@ of ``--parts`` (initial weights: the speed does not depend on them):
 * ``end2end``: the whole detector / segmentor with its post-processing, through mmdeploy
   (the default export); PyTorch runs ``model.predict`` on the same preprocessed input.
 
+Pola models and softmax baselines alike: each export takes the first opset of
+``--opsets`` that has every operator of the model (mmdet's PVT needs 13 for
+``aten::unflatten``), named in the table. A config that fails to export or run gives a
+row with the reason, and the table goes on.
+
 Both runtimes run one (1, 3, H, W) image at a time on this machine, in this one process,
-with their default thread counts; the medians of ``--repeats`` timed runs after
-``--warmup`` untimed ones are printed as a Markdown table with the PyTorch / onnxruntime
-ratio, under a line naming the versions, the threads and the load average (before and
-after), which says how quiet the machine was.
+PyTorch with its default thread count and onnxruntime with ``--threads`` (default: the
+same count); the medians of ``--repeats`` timed runs after ``--warmup`` untimed ones are
+printed as a Markdown table with the PyTorch / onnxruntime ratio, under a line naming the
+versions, the threads and the load average (before and after), which says how quiet the
+machine was. One progress line per export goes to stderr; the models' logs are kept at
+warning level. ``--out-md`` / ``--out-json`` write the table and its rows.
 """
 import argparse
 import os
@@ -28,9 +36,7 @@ from typing import List, Optional
 import torch
 
 sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..', '..')))
-from polaformer_mm import deployment  # noqa: E402
-
-PARTS = ('backbone', 'tensor', 'end2end')
+from polaformer_mm.deployment import benchmark, mmdeploy_missing  # noqa: E402
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -40,16 +46,26 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument(
         '--parts',
         nargs='+',
-        choices=PARTS,
+        choices=benchmark.PARTS,
         default=['backbone', 'end2end'],
         help='what to export and time of every config (default: backbone end2end)')
     parser.add_argument('--repeats', type=int, default=10, help='timed runs per model')
     parser.add_argument('--warmup', type=int, default=2, help='untimed runs before them')
     parser.add_argument(
-        '--work-dir',
+        '--opsets',
+        type=int,
+        nargs='+',
+        default=list(benchmark.OPSETS),
+        help='opsets tried in turn when an export misses an operator (default: 11 13 17)')
+    parser.add_argument(
+        '--threads',
+        type=int,
         default=None,
-        help='where the .onnx files go '
-        '(default: a temporary folder)')
+        help="onnxruntime's intra-op threads (default: PyTorch's thread count)")
+    parser.add_argument(
+        '--work-dir', default=None, help='where the .onnx files go (default: a temporary folder)')
+    parser.add_argument('--out-md', default=None, help='write the table (Markdown) here')
+    parser.add_argument('--out-json', default=None, help='write the rows (JSON) here')
     args = parser.parse_args(argv)
     if len(args.runs) % 3:
         parser.error('runs are CONFIG H W triples')
@@ -59,61 +75,57 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                          'integer H W')
     if args.repeats < 1 or args.warmup < 0:
         parser.error('--repeats must be >= 1 and --warmup >= 0')
+    if args.threads is not None and args.threads < 1:
+        parser.error('--threads must be >= 1')
+    for out in (args.out_md, args.out_json):
+        if out and not osp.isdir(osp.dirname(osp.abspath(out))):
+            parser.error(f'the folder of {out} does not exist')
     return args
 
 
-def _time(config: str, part: str, shape, folder: str, args) -> dict:
-    name = osp.splitext(osp.basename(config))[0]
-    path = osp.join(folder, f'{name}_{part}_{shape[0]}x{shape[1]}.onnx')
-    if part == 'end2end':
-        export = deployment.export_end2end(config, None, path, shape)
-        image = deployment.random_images(1, shape)[0]
-        times = deployment.time_end2end(export, image, shape, args.repeats, args.warmup)
-        what = f'{type(export.model).__name__} end to end ({export.task})'
-    else:
-        module, _ = deployment.build_exportable(config, None,
-                                                'backbone' if part == 'backbone' else 'model')
-        deployment.export_onnx(module, path, shape)
-        times = deployment.time_runs(module, path, shape, args.repeats, args.warmup)
-        what = module.description
-    return dict(config=osp.basename(config), part=part, what=what, H=shape[0], W=shape[1], **times)
+def _header(args, threads: int, load_before, load_after) -> str:
+    import onnxruntime
+    return (f'torch {torch.__version__} ({torch.get_num_threads()} threads), onnxruntime '
+            f'{onnxruntime.__version__} ({threads} threads), {os.cpu_count()} CPUs '
+            f'({platform.processor() or "?"}), load average {load_before[0]:.1f} before, '
+            f'{load_after[0]:.1f} after; median of {args.repeats} runs after {args.warmup} '
+            'untimed')
 
 
-def format_table(rows: List[dict]) -> str:
-    """The Markdown table of the timed rows."""
-    lines = [
-        '| config | exported | input | PyTorch eager (ms) | onnxruntime (ms) | '
-        'PyTorch / onnxruntime |', '|---|---|---|---|---|---|'
-    ]
-    for r in rows:
-        lines.append(f'| {r["config"]} | {r["what"]} | {r["H"]}x{r["W"]} | '
-                     f'{r["torch"] * 1e3:.1f} | {r["onnxruntime"] * 1e3:.1f} | '
-                     f'{r["torch"] / r["onnxruntime"]:.2f}x |')
-    return '\n'.join(lines)
-
-
-def main(argv: Optional[List[str]] = None) -> List[dict]:
+def main(argv: Optional[List[str]] = None) -> List[benchmark.BenchmarkRow]:
     """Time every run; returns one row per config, size and part."""
     args = parse_args(argv)
     if 'end2end' in args.parts:
-        missing = deployment.mmdeploy_missing()
+        missing = mmdeploy_missing()
         if missing:
             raise SystemExit(f'{missing}; --parts backbone tensor times the parts without it')
-    import onnxruntime
+    threads = args.threads or torch.get_num_threads()
     load_before = os.getloadavg()
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, benchmark.quiet_model_logs():
         folder = args.work_dir or tmp
         for i in range(0, len(args.runs), 3):
             config, shape = args.runs[i], (int(args.runs[i + 1]), int(args.runs[i + 2]))
             for part in args.parts:
-                rows.append(_time(config, part, shape, folder, args))
-    load_after = os.getloadavg()
-    print(f'torch {torch.__version__} ({torch.get_num_threads()} threads), onnxruntime '
-          f'{onnxruntime.__version__}, {os.cpu_count()} CPUs ({platform.processor() or "?"}), '
-          f'load average {load_before[0]:.1f} before, {load_after[0]:.1f} after; median of '
-          f'{args.repeats} runs after {args.warmup} untimed\n')
-    print(format_table(rows))
+                print(
+                    f'[{len(rows) + 1}/{len(args.runs) // 3 * len(args.parts)}] {part} of '
+                    f'{config} at {shape[0]}x{shape[1]}',
+                    file=sys.stderr,
+                    flush=True)
+                rows.append(
+                    benchmark.benchmark_run(config, part, shape, folder, args.repeats, args.warmup,
+                                            args.opsets, threads))
+    header = _header(args, threads, load_before, os.getloadavg())
+    table = benchmark.format_markdown(rows)
+    print(f'{header}\n\n{table}')
+    if args.out_md:
+        with open(args.out_md, 'w') as f:
+            f.write(f'command: python tools/analysis_tools/benchmark_onnx.py '
+                    f'{" ".join(sys.argv[1:] if argv is None else argv)}\n\n{header}\n\n'
+                    f'{table}\n')
+    if args.out_json:
+        benchmark.write_json(args.out_json, rows,
+                             dict(header=header, argv=sys.argv[1:] if argv is None else argv))
     return rows
 
 

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from ..attention import PolaLinearAttention, WindowMSA
 from ..utils import (Mlp, PatchEmbed, StagePositionalEncodings, drop_path_rates, pad_to_multiple,
-                     run_blocks, window_layout)
+                     run_blocks, token_rows, window_layout)
 from .base import PolaBackboneBase, check_positive_int
 
 
@@ -190,7 +190,7 @@ class PatchMerging(BaseModule):
                       dim=-1)
         hw_shape = (x.shape[1], x.shape[2])
         x = x.reshape(B, -1, 4 * C)
-        return self.reduction(self.norm(x)), hw_shape
+        return token_rows(self.reduction, self.norm(x)), hw_shape
 
 
 class SwinStage(BaseModule):

@@ -93,11 +93,19 @@ def exp_floor(dtype: torch.dtype) -> float:
 
 
 def _polarity_features(x: Tensor, p: Tensor, log_scale: Optional[Tensor],
-                       per_row: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    """``(x+, x-, M)``: the polarity features of ``x / scale`` times ``exp(-M)``, ``M``
-    the largest ``p log|x / scale|`` of the row (``per_row``) or of the last two dims,
-    at least 0; exponents floored at :func:`exp_floor`."""
-    scaled = torch.log(torch.abs(x).clamp_min(torch.finfo(x.dtype).tiny))
+                       per_row: bool) -> Tuple[Tensor, Tensor]:
+    """``([x+, x-], M)``: the polarity features of ``x / scale`` times ``exp(-M)``,
+    concatenated along the channels, ``M`` the largest ``p log|x / scale|`` of the row
+    (``per_row``) or of the last two dims, at least 0; exponents floored at
+    :func:`exp_floor`.
+
+    The sign is taken as ``x / max(|x|, tiny)`` (the magnitude the logarithm takes):
+    ``sign(x)`` but for subnormal ``x``, whose features lie below ``tiny`` either way.
+    ``x-`` is ``x+`` minus the signed features, exactly ``relu(-signed)``. Both are
+    cheaper in graph runtimes than ``sign`` and a second ``relu`` (one arithmetic pass
+    each)."""
+    magnitude = torch.abs(x).clamp_min(torch.finfo(x.dtype).tiny)
+    scaled = torch.log(magnitude)
     if log_scale is not None:
         scaled = scaled - log_scale
     scaled = scaled * p
@@ -106,8 +114,35 @@ def _polarity_features(x: Tensor, p: Tensor, log_scale: Optional[Tensor],
     if not per_row:
         shift = shift.max(dim=-2, keepdim=True)[0]
     shift = shift.clamp_min(0)
-    signed = torch.exp((scaled - shift).clamp_min(exp_floor(x.dtype))) * torch.sign(x)
-    return torch.relu(signed), torch.relu(-signed), shift
+    signed = torch.exp((scaled - shift).clamp_min(exp_floor(x.dtype))) * (x / magnitude)
+    positive = torch.relu(signed)
+    return torch.cat([positive, positive - signed], dim=-1), shift
+
+
+def _stream_weights(summary: Tensor, d: int) -> Tensor:
+    """The (.., 2d, d + 2) right-hand side of both streams from the key summary
+    ``[K^T v, sum(K)] / n`` (.., 2d, d + 1) of ``K = [k+, k-]``: the numerator columns of
+    the same-signed stream (the first ``ceil(d/2)`` value channels), those of the
+    opposite-signed stream (the rest, against the rows of k+ and k- swapped), then the
+    denominator column of each stream."""
+    dv = value_split(d)
+    swapped = torch.cat([summary[..., d:, :], summary[..., :d, :]], dim=-2)
+    return torch.cat([summary[..., :dv], swapped[..., dv:d], summary[..., d:], swapped[..., d:]],
+                     dim=-1)
+
+
+def _per_channel(numerators: Tensor, denominators: Tensor, d: int) -> Tensor:
+    """``numerators`` (.., d) divided by the denominator of their stream
+    (``denominators`` (.., 2): the same-signed stream's, then the opposite one's)."""
+    dv = value_split(d)
+    if 2 * dv == d:  # both streams d / 2 wide: one broadcast division
+        shape = numerators.shape[:-1]
+        out = numerators.reshape(shape + (2, dv)) / denominators.unsqueeze(-1)
+        return out.reshape(shape + (d, ))
+    spread = torch.tensor([[1.] * dv + [0.] * (d - dv), [0.] * dv + [1.] * (d - dv)],
+                          dtype=numerators.dtype,
+                          device=numerators.device)
+    return numerators / torch.matmul(denominators, spread)
 
 
 def pola_linear_attention_plain(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: float,
@@ -119,8 +154,11 @@ def pola_linear_attention_plain(q: Tensor, k: Tensor, v: Tensor, power: Tensor, 
     With ``K = [k+, k-]`` and ``Q = [q+, q-]`` (features scaled by their shifts), stream c
     (its value channels ``v_c``) is ``Q W_c`` with ``W_c = [K^T v_c / n, mean(K)]``, the
     rows of k+ and k- swapped for the opposite stream; the last column is the
-    denominator. The same matrix products as the eager forms' (``K^T v`` and ``Q W``),
-    which FLOP counters of a trace count as the op's.
+    denominator. Both streams share the products: one ``K^T [v, 1] / n`` for the key
+    summary and the key means, and one ``Q [W_1, W_2]`` for every numerator and both
+    denominators, so that graph runtimes read the (N, 2d) features once. The same
+    multiply-adds as the eager forms' (``K^T v`` and ``Q W``), which FLOP counters of a
+    trace count as the op's.
 
     Args:
         q (Tensor): queries (B, h, N, d).
@@ -137,22 +175,15 @@ def pola_linear_attention_plain(q: Tensor, k: Tensor, v: Tensor, power: Tensor, 
     """
     if isinstance(eps, Tensor):
         eps = eps.to(q.dtype)
+    # the head width: a constant of the graph (a parameter's size), not a traced size
+    d = int(power.shape[-1])
     p = pola_exponent(power, alpha)
     log_scale = None if scale is None else torch.log(scale)
-    q_pos, q_neg, shift_q = _polarity_features(q, p, log_scale, per_row=True)
-    k_pos, k_neg, shift_k = _polarity_features(k, p, log_scale, per_row=False)
-    queries = torch.cat([q_pos, q_neg], dim=-1)  # (B, h, N, 2d)
-    keys_t = torch.cat([k_pos, k_neg], dim=-1).transpose(-2, -1)  # (B, h, 2d, n)
-    k_mean = keys_t.mean(dim=-1, keepdim=True)
-    inv_n = 1. / k.shape[-2]
+    queries, shift_q = _polarity_features(q, p, log_scale, per_row=True)  # (B, h, N, 2d)
+    keys, shift_k = _polarity_features(k, p, log_scale, per_row=False)  # (B, h, n, 2d)
+    values = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # (B, h, n, d + 1)
+    summary = torch.matmul(keys.transpose(-2, -1), values) * (1. / k.shape[-2])
+    num_den = torch.matmul(queries, _stream_weights(summary, d))  # (B, h, N, d + 2)
     eps_scaled = torch.exp((-(shift_q + shift_k)).clamp_min(exp_floor(q.dtype)))
     eps_scaled = (eps_scaled * eps).clamp_min(torch.finfo(q.dtype).tiny)
-    outs = []
-    # torch.chunk(v, 2, -1): v1 the first ceil(d/2) channels, v2 the rest (none at d == 1)
-    for i, values in enumerate(torch.chunk(v, 2, dim=-1)):
-        summary = torch.cat([torch.matmul(keys_t, values) * inv_n, k_mean], dim=-1)
-        if i == 1:  # opposite signs: q+ meets k-, q- meets k+
-            summary = torch.cat(summary.chunk(2, dim=-2)[::-1], dim=-2)
-        num_den = torch.matmul(queries, summary)  # the numerators, then the denominator
-        outs.append(num_den[..., :-1] * torch.reciprocal(num_den[..., -1:] + eps_scaled))
-    return torch.cat(outs, dim=-1)
+    return _per_channel(num_den[..., :d], num_den[..., d:] + eps_scaled, d)

@@ -1,0 +1,174 @@
+"""onnxruntime (CPU) against PyTorch eager, one config, size and part at a time: the rows
+of ``tools/analysis_tools/benchmark_onnx.py``.
+
+:func:`benchmark_run` exports one part of a config (:func:`~.export.export_onnx` for
+``backbone`` / ``tensor``, :func:`~.end2end.export_end2end` for ``end2end``) at the first
+opset of ``opsets`` that has every operator of the model (the softmax baselines of mmdet
+need opset 13 or later for ``aten::unflatten``; the Pola models take mmdeploy's 11) and
+times both runtimes on it (:func:`~.checks.time_runs`, :func:`~.checks.time_end2end`).
+A run that fails for any other reason gives a row with the reason instead of times, so
+that one bad config does not stop a table. :func:`format_markdown` and :func:`write_json`
+write the table; :func:`quiet_model_logs` keeps mmengine's model logs (every module's
+``init_weights`` line) and the exporters' warnings off the terminal.
+"""
+import contextlib
+import io
+import json
+import logging
+import os
+import os.path as osp
+import sys
+import warnings
+from typing import Iterator, NamedTuple, Optional, Sequence
+
+__all__ = [
+    'PARTS', 'OPSETS', 'BenchmarkRow', 'benchmark_run', 'format_markdown', 'write_json',
+    'quiet_model_logs', 'missing_operator_opset'
+]
+
+#: What a run exports: the backbone's stage maps, the tensor part of the model, or the
+#: whole model with its post-processing (mmdeploy).
+PARTS = ('backbone', 'tensor', 'end2end')
+#: The opsets tried in turn when an export misses an operator.
+OPSETS = (11, 13, 17)
+
+
+class BenchmarkRow(NamedTuple):
+    """One timed (or failed) export."""
+    config: str  #: the config file's name
+    part: str  #: one of :data:`PARTS`
+    what: str  #: what the graph computes (the model's class and outputs)
+    height: int  #: input height
+    width: int  #: input width
+    opset: Optional[int]  #: the opset of the graph (None: failed)
+    torch_s: Optional[float]  #: median seconds, PyTorch eager
+    onnxruntime_s: Optional[float]  #: median seconds, onnxruntime
+    error: Optional[str] = None  #: why the run gave no times
+
+    @property
+    def ratio(self) -> Optional[float]:
+        """PyTorch / onnxruntime (> 1: onnxruntime is faster)."""
+        if self.torch_s is None or not self.onnxruntime_s:
+            return None
+        return self.torch_s / self.onnxruntime_s
+
+
+def missing_operator_opset(error: BaseException) -> bool:
+    """Whether ``error`` says an operator is not in the export's opset (the exporter's
+    ``UnsupportedOperatorError`` or a symbolic that needs a later opset)."""
+    text = f'{type(error).__name__}: {error}'
+    return ('UnsupportedOperatorError' in text or 'opset version' in text
+            or 'opset_version' in text)
+
+
+@contextlib.contextmanager
+def quiet_model_logs(level: int = logging.WARNING) -> Iterator[None]:
+    """mmengine's current logger at ``level`` and Python warnings off within the block
+    (the model's ``init_weights`` lines, tracer and exporter warnings); both put back on
+    exit."""
+    from mmengine.logging import MMLogger
+    logger = MMLogger.get_current_instance()
+    previous = logger.level
+    logger.setLevel(level)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')
+            yield
+    finally:
+        logger.setLevel(previous)
+
+
+@contextlib.contextmanager
+def _output_discarded() -> Iterator[None]:
+    """Whatever the block prints, from Python or from C++ (the TorchScript exporter
+    prints the whole graph of a failed export to the process's stderr), is dropped."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        with open(os.devnull, 'w') as null, contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(io.StringIO()):
+            os.dup2(null.fileno(), 1)
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
+
+
+def _export_and_time(config: str, part: str, shape, path: str, opset: int, repeats: int,
+                     warmup: int, threads: Optional[int]):
+    """(what, times) of one export at ``opset``."""
+    from .checks import time_end2end, time_runs
+    from .end2end import export_end2end, random_images
+    from .export import build_exportable, export_onnx
+    if part == 'end2end':
+        export = export_end2end(config, None, path, shape, opset=opset)
+        times = time_end2end(
+            export, random_images(1, shape)[0], shape, repeats, warmup, threads=threads)
+        return f'{type(export.model).__name__} end to end ({export.task})', times
+    module, _ = build_exportable(config, None, 'backbone' if part == 'backbone' else 'model')
+    export_onnx(module, path, shape, opset=opset)
+    return module.description, time_runs(module, path, shape, repeats, warmup, threads=threads)
+
+
+def benchmark_run(config: str,
+                  part: str,
+                  shape: Sequence[int],
+                  folder: str,
+                  repeats: int = 10,
+                  warmup: int = 2,
+                  opsets: Sequence[int] = OPSETS,
+                  threads: Optional[int] = None) -> BenchmarkRow:
+    """Export ``part`` of ``config`` (initial weights: the speed does not depend on them)
+    to ``folder`` at the first of ``opsets`` with every operator of the model, and time
+    PyTorch eager and onnxruntime on one (1, 3, H, W) image: medians of ``repeats`` runs
+    after ``warmup`` untimed ones. ``threads``: onnxruntime's intra-op threads (None: its
+    default). Any failure gives a row whose ``error`` says what failed."""
+    if part not in PARTS:
+        raise ValueError(f'part must be one of {PARTS}, got {part!r}')
+    H, W = (int(s) for s in shape)
+    name = osp.basename(config)
+    stem = osp.splitext(name)[0]
+    error = None
+    for opset in opsets:
+        path = osp.join(folder, f'{stem}_{part}_{H}x{W}_opset{opset}.onnx')
+        try:
+            with _output_discarded():
+                what, times = _export_and_time(config, part, (H, W), path, opset, repeats, warmup,
+                                               threads)
+        except Exception as err:  # noqa: B902 -- every failure becomes the row's reason
+            error = f'{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err) else ""}'
+            if missing_operator_opset(err):
+                continue
+            return BenchmarkRow(name, part, '', H, W, None, None, None, error)
+        return BenchmarkRow(name, part, what, H, W, opset, times['torch'], times['onnxruntime'])
+    return BenchmarkRow(name, part, '', H, W, None, None, None,
+                        f'no opset of {tuple(opsets)} exports it ({error})')
+
+
+def format_markdown(rows: Sequence[BenchmarkRow]) -> str:
+    """The Markdown table of the rows (failed ones say why in place of the times)."""
+    lines = [
+        '| config | exported | input | opset | PyTorch eager (ms) | onnxruntime (ms) | '
+        'PyTorch / onnxruntime |', '|---|---|---|---|---|---|---|'
+    ]
+    for r in rows:
+        head = f'| {r.config} | {r.what or r.part} | {r.height}x{r.width} | {r.opset or "-"} |'
+        if r.error is not None:
+            lines.append(f'{head} failed: {r.error.replace("|", "/")} | | |')
+        else:
+            lines.append(f'{head} {r.torch_s * 1e3:.1f} | {r.onnxruntime_s * 1e3:.1f} | '
+                         f'{r.ratio:.2f}x |')
+    return '\n'.join(lines)
+
+
+def write_json(path: str, rows: Sequence[BenchmarkRow], env: dict) -> None:
+    """The rows (seconds; ``ratio`` PyTorch / onnxruntime) and ``env`` (versions,
+    threads, load, command) as JSON."""
+    data = dict(env=env, rows=[dict(r._asdict(), ratio=r.ratio) for r in rows])
+    with open(path, 'w') as f:
+        json.dump(data, f, indent=2)
+        f.write('\n')

@@ -1,0 +1,87 @@
+"""tools/analysis_tools/benchmark_onnx.py and polaformer_mm.deployment.benchmark: a run
+goes on past a config that fails (its row says why), exports mmdet's PVT at the opset it
+needs, prints only the table (one progress line per export), and writes the table as
+Markdown and its rows as JSON; bad arguments are named."""
+import json
+
+import pytest
+
+from polaformer_mm.deployment import benchmark
+from tests import REPO
+from .._tools import load_tool
+
+cli = load_tool('analysis_tools/benchmark_onnx.py', '_benchmark_onnx')
+
+NANO = f'{REPO}/configs/quickstart/mask-rcnn_pola-pvt-nano_fpn_synthetic.py'
+PVT_T = f'{REPO}/configs/pola_pvt/mask-rcnn_pvt-t_fpn_1x_coco.py'
+
+
+def test_table_says_why_a_row_failed():
+    ok = benchmark.BenchmarkRow('a.py', 'backbone', 'PolaPVT stage maps', 64, 80, 11, 0.02, 0.01)
+    bad = benchmark.BenchmarkRow('b.py', 'backbone', '', 64, 64, None, None, None,
+                                 'ValueError: a | b')
+    assert ok.ratio == pytest.approx(2.0) and bad.ratio is None
+    lines = benchmark.format_markdown([ok, bad]).splitlines()
+    assert lines[0].startswith('| config | exported | input | opset |')
+    assert lines[2] == '| a.py | PolaPVT stage maps | 64x80 | 11 | 20.0 | 10.0 | 2.00x |'
+    assert lines[3] == '| b.py | backbone | 64x64 | - | failed: ValueError: a / b | | |'
+
+
+def test_only_missing_operators_move_to_the_next_opset():
+    assert benchmark.missing_operator_opset(
+        RuntimeError("Exporting the operator 'aten::unflatten' to ONNX opset version 11 is "
+                     'not supported'))
+    assert not benchmark.missing_operator_opset(FileNotFoundError('config file not found'))
+
+
+@pytest.mark.parametrize('args, message', [
+    (['a.py', '64'], 'CONFIG H W triples'),
+    (['a.py', '64', 'x'], 'no integer H W'),
+    (['a.py', '64', '64', '--repeats', '0'], '--repeats must be >= 1'),
+    (['a.py', '64', '64', '--threads', '0'], '--threads must be >= 1'),
+    (['a.py', '64', '64', '--out-md', '/no/such/folder/t.md'], 'does not exist'),
+])
+def test_bad_arguments_are_named(args, message, capsys):
+    with pytest.raises(SystemExit):
+        cli.parse_args(args)
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_run_goes_on_past_a_failure_and_writes_markdown_and_json(tmp_path, capsys):
+    md, js = tmp_path / 'table.md', tmp_path / 'rows.json'
+    rows = cli.main([
+        NANO, '64', '64', f'{REPO}/configs/no_such_config.py', '64', '64', PVT_T, '64', '64',
+        '--parts', 'backbone', '--repeats', '1', '--warmup', '0', '--threads', '1', '--out-md',
+        str(md), '--out-json',
+        str(js)
+    ])
+    out, err = capsys.readouterr()
+    assert [r.error is None for r in rows] == [True, False, True]
+    # the Pola model at mmdeploy's opset, mmdet's PVT at the first that has unflatten
+    assert [r.opset for r in rows] == [11, None, 13]
+    assert 'FileNotFoundError' in rows[1].error and 'no_such_config.py' in rows[1].error
+    assert all(r.torch_s > 0 and r.onnxruntime_s > 0 for r in (rows[0], rows[2]))
+
+    table = md.read_text()
+    assert table.startswith('command: python tools/analysis_tools/benchmark_onnx.py ')
+    body = table.split('\n\n', 1)[1].strip()
+    # the header line and the table; the models' logs at warning level (mmdet's PVT says
+    # it has no pre-trained weights)
+    printed = [line for line in out.splitlines() if ' - mmengine - WARNING - ' not in line]
+    assert '\n'.join(printed).strip() == body
+    assert '| no_such_config.py | backbone | 64x64 | - | failed: FileNotFoundError' in table
+    assert '| PyramidVisionTransformer stage maps | 64x64 | 13 |' in table
+    progress = [line for line in err.splitlines() if line.startswith('[')]
+    assert len(progress) == 3 and progress[2].startswith('[3/3] backbone of ')
+    assert 'init_weights' not in out + err and 'Torch IR graph' not in out + err
+
+    data = json.loads(js.read_text())
+    assert 'onnxruntime' in data['env']['header']
+    assert [r['config'] for r in data['rows']] == [
+        'mask-rcnn_pola-pvt-nano_fpn_synthetic.py', 'no_such_config.py',
+        'mask-rcnn_pvt-t_fpn_1x_coco.py'
+    ]
+    first = data['rows'][0]
+    assert first['ratio'] == pytest.approx(first['torch_s'] / first['onnxruntime_s'])
+    assert data['rows'][1]['ratio'] is None and data['rows'][1]['error']
