@@ -133,12 +133,13 @@ def _baseline_of(path):
 
 
 PAIRS = [(p, _baseline_of(p)) for p in CONFIGS if _baseline_of(p)]
+DENSE_KINDS = ('mask-rcnn', 'retinanet', 'fpn', 'upernet', 'cascade-mask-rcnn', 'mask2former')
 
 
 def test_every_dense_pola_config_has_a_baseline():
     paired = {p for p, _ in PAIRS}
     for path in CONFIGS:
-        if (osp.basename(path).split('_')[0] in ('mask-rcnn', 'retinanet', 'fpn', 'upernet')
+        if (osp.basename(path).split('_')[0] in DENSE_KINDS
                 and 'pola-' in path and not _in_rules_only_folder(path)):
             assert path in paired, f'{path} has no softmax baseline next to it'
 
@@ -153,12 +154,26 @@ def test_pola_differs_from_baseline_in_backbone_only(pola, baseline):
     assert a == b
 
 
+def _pixel_decoder_channels(decoder):
+    """The channels mmdet's MSDeformAttnPixelDecoder takes per level, high resolution first:
+    its 1x1 lateral convs (the levels outside the encoder) and input convs (the encoder's
+    levels), each list built from low to high resolution."""
+    convs = list(decoder.lateral_convs)[::-1] + list(decoder.input_convs)[::-1]
+    return [c.conv.in_channels for c in convs]
+
+
 def _check_channels(model, channels):
     """Necks / heads that read backbone maps take the channels the backbone gives."""
     neck = getattr(model, 'neck', None)
     if neck is not None and hasattr(neck, 'in_channels'):
         assert list(neck.in_channels) == channels
         return 'neck'
+    # Mask2Former (mmdet's panoptic_head, mmseg's decode_head): every map, no in_index
+    for name in ('panoptic_head', 'decode_head'):
+        head = getattr(model, name, None)
+        if head is not None and not hasattr(head, 'in_index') and hasattr(head, 'pixel_decoder'):
+            assert _pixel_decoder_channels(head.pixel_decoder) == channels, name
+            return name
     for name in ('decode_head', 'auxiliary_head'):  # mmseg without a neck (UperNet)
         head = getattr(model, name, None)
         if head is None:
