@@ -6,8 +6,7 @@ Nothing here imports mmdet or mmseg; the files load with their stock ``CocoDatas
 """
 from .synthetic import (SYNTHETIC_CITYSCAPES_TRAIN_IDS, SYNTHETIC_CLASSES, SYNTHETIC_DEFAULTS,
                         SYNTHETIC_GENERATOR_VERSION, SYNTHETIC_PALETTE, SYNTHETIC_SEG_CLASSES,
-                        SYNTHETIC_SEG_PALETTE, generate_synthetic_dataset,
-                        write_cityscapes_layout)
+                        SYNTHETIC_SEG_PALETTE, generate_synthetic_dataset, write_cityscapes_layout)
 
 __all__ = [
     'SYNTHETIC_CLASSES', 'SYNTHETIC_PALETTE', 'SYNTHETIC_SEG_CLASSES', 'SYNTHETIC_SEG_PALETTE',

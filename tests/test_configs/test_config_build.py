@@ -139,8 +139,8 @@ DENSE_KINDS = ('mask-rcnn', 'retinanet', 'fpn', 'upernet', 'cascade-mask-rcnn', 
 def test_every_dense_pola_config_has_a_baseline():
     paired = {p for p, _ in PAIRS}
     for path in CONFIGS:
-        if (osp.basename(path).split('_')[0] in DENSE_KINDS
-                and 'pola-' in path and not _in_rules_only_folder(path)):
+        if (osp.basename(path).split('_')[0] in DENSE_KINDS and 'pola-' in path
+                and not _in_rules_only_folder(path)):
             assert path in paired, f'{path} has no softmax baseline next to it'
 
 

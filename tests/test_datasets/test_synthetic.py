@@ -289,8 +289,8 @@ def test_cityscapes_layout(tmp_path):
             gt = LoadAnnotations()(dict(info))['gt_seg_map']
             np.testing.assert_array_equal(gt, np.vectorize(lut.get)(raw))
             image = cv2.imread(info['img_path'])
-            np.testing.assert_array_equal(image,
-                                          cv2.imread(osp.join(root, 'images', split, name + '.jpg')))
+            np.testing.assert_array_equal(
+                image, cv2.imread(osp.join(root, 'images', split, name + '.jpg')))
     stamp = osp.getmtime(osp.join(tree, 'meta.json'))
     assert write_cityscapes_layout(root) == tree  # the same generation: nothing rewritten
     assert osp.getmtime(osp.join(tree, 'meta.json')) == stamp

@@ -98,8 +98,11 @@ def test_cityscapes_whole_image_inference(tmp_path):
         with DefaultScope.overwrite_default_scope('mmseg'):
             model = MODELS.build(cfg.model).eval()
             data = Compose(cfg.test_dataloader.dataset.pipeline)(
-                dict(img_path=str(img), seg_map_path=str(seg), reduce_zero_label=False,
-                     seg_fields=[]))
+                dict(
+                    img_path=str(img),
+                    seg_map_path=str(seg),
+                    reduce_zero_label=False,
+                    seg_fields=[]))
             assert tuple(data['inputs'].shape) == (3, 1024, 2048)  # whole image, not resized
             with torch.no_grad():
                 (out, ) = model.test_step(pseudo_collate([data]))
