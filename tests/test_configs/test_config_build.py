@@ -320,3 +320,26 @@ def test_get_flops_counts_the_attention(path, options, flop_table):
     attention = ('aten::matmul', 'aten::scaled_dot_product_attention')
     analyzer.set_op_handle(**{op: (lambda inputs, outputs: 0) for op in attention})
     assert row['flops'] > analyzer.total() > 0
+
+
+@pytest.mark.parametrize('path,shape,group', [
+    ('configs/pola_pvt/fpn_pola-pvt-t_4xb2-80k_cityscapes-512x1024.py',
+     (1024, 2048), 'Semantic FPN, Cityscapes, 80k it'),
+    ('configs/pola_swin/mask2former_pola-swin-t_8xb2-90k_cityscapes-512x1024.py',
+     (1024, 2048), 'Mask2Former, Cityscapes, 90k it'),
+    ('configs/pola_swin/mask2former_swin-t_8xb2-160k_ade20k-512x512.py',
+     (512, 512), 'Mask2Former, ADE20K, 160k it'),
+    ('configs/pola_swin/mask2former_pola-swin-s-p4-w7-224_8xb2-lsj-50e_coco-panoptic.py',
+     (800, 1333), 'Mask2Former, COCO panoptic, 368750 it'),
+    ('configs/pola_pvt/cascade-mask-rcnn_pvt-m_fpn_4conv1fc-giou_amp-ms-crop-3x_coco.py',
+     (800, 1333), 'Cascade Mask R-CNN, COCO, 3x (36 ep)'),
+])
+def test_flops_size_and_gain_table_group(path, shape, group):
+    """get_flops.py and the gain table measure Cityscapes configs at the whole-image size
+    they are evaluated at, the others at their scope's size; the gain table names the
+    model, dataset and schedule of every new kind of config."""
+    from polaformer_mm.analysis.flops import default_shape
+    from polaformer_mm.analysis.gain_table import group_of
+    cfg = _load(path)
+    assert tuple(default_shape(cfg)) == shape
+    assert group_of(cfg) == group
