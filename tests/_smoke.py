@@ -11,7 +11,8 @@ import os.path as osp
 
 import cv2
 
-from polaformer_mm.datasets import SYNTHETIC_CLASSES, generate_synthetic_dataset
+from polaformer_mm.datasets import (SYNTHETIC_CLASSES, generate_synthetic_dataset,
+                                    write_cityscapes_layout)
 from tests import REPO
 
 SMALL = 96  # short side of the reduced image scale
@@ -21,6 +22,7 @@ LONG = 128  # long side
 def synthetic_root(tmp_root):
     root = osp.join(str(tmp_root), 'synthetic')
     generate_synthetic_dataset(root, num_train=4, num_val=2, img_size=(112, 144), seed=3)
+    write_cityscapes_layout(root)  # root/cityscapes: the Cityscapes configs' data
     return root + '/'
 
 
@@ -54,8 +56,10 @@ def _innermost(dataset):
 def _set_num_classes(node, n):
     if isinstance(node, dict):
         for key, value in node.items():
-            if key == 'num_classes':
+            if key in ('num_classes', 'num_things_classes'):
                 node[key] = n
+            elif key == 'class_weight' and isinstance(value, list) and len(value) > n + 1:
+                node[key] = value[:n] + value[-1:]  # Mask2Former: the classes, then "no object"
             else:
                 _set_num_classes(value, n)
     elif isinstance(node, (list, tuple)):
@@ -92,6 +96,8 @@ def smoke_config(cfg, data_root, work_dir):
             ds.seg_map_suffix = '.png'
             ds.reduce_zero_label = True
             ds.metainfo = dict(classes=SYNTHETIC_CLASSES)
+        elif ds.type == 'CityscapesDataset':  # its 19 classes, its layout
+            ds.data_root = osp.join(data_root, 'cityscapes/')
     for key in ('val_evaluator', 'test_evaluator'):
         evaluators = cfg[key] if isinstance(cfg[key], list) else [cfg[key]]
         for ev in evaluators:
@@ -101,6 +107,9 @@ def smoke_config(cfg, data_root, work_dir):
         _set_num_classes(cfg.model, len(SYNTHETIC_CLASSES))
     if scope == 'mmseg' and 'size' in cfg.model.data_preprocessor:
         cfg.model.data_preprocessor.size = (SMALL, SMALL)
+    for augment in cfg.model.data_preprocessor.get('batch_augments') or []:
+        if 'size' in augment:  # Mask2Former's BatchFixedSizePad to its crop
+            augment.size = (SMALL, SMALL)
     _one_step(cfg)
     return cfg
 

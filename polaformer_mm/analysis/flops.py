@@ -25,6 +25,9 @@ from mmengine.registry import DefaultScope
 
 #: the input size (H, W) of each scope's configs
 DEFAULT_SHAPES = {'mmdet': (800, 1333), 'mmseg': (512, 512), 'mmpretrain': (224, 224)}
+#: datasets whose configs are measured at another size than their scope's: Cityscapes at
+#: its whole-image evaluation size
+DATASET_SHAPES = {'CityscapesDataset': (1024, 2048)}
 
 # Not counted by convention (elementwise, reductions, data movement). Any other operator
 # the trace meets without a counter is reported under the table.
@@ -198,6 +201,16 @@ def measure(cfg: Config, shape: Tuple[int, int], whole: bool) -> dict:
     return dict(params=params, flops=info['flops'], uncounted=uncounted)
 
 
+def default_shape(cfg: Config) -> Tuple[int, int]:
+    """The size a config is measured at: its test dataset's (:data:`DATASET_SHAPES`), else
+    its scope's (:data:`DEFAULT_SHAPES`)."""
+    dataset = (cfg.get('test_dataloader') or {}).get('dataset') or {}
+    while 'dataset' in dataset:  # wrappers
+        dataset = dataset['dataset']
+    kind = str(dataset.get('type', '')).split('.')[-1]
+    return DATASET_SHAPES.get(kind) or DEFAULT_SHAPES.get(cfg.get('default_scope'))
+
+
 def _fmt_shape(shape):
     return f'{shape[0]}x{shape[1]}'
 
@@ -206,8 +219,8 @@ def measure_configs(configs: List[str],
                     shape: Optional[Tuple[int, int]],
                     whole: bool,
                     cfg_options: Optional[dict] = None) -> List[dict]:
-    """One row per config (:func:`measure` at ``shape``, default :data:`DEFAULT_SHAPES` of
-    its scope): backbones with the same settings at the same size are measured once."""
+    """One row per config (:func:`measure` at ``shape``, default :func:`default_shape`):
+    backbones with the same settings at the same size are measured once."""
     register_extra_flop_ops()
     rows, cache = [], {}
     for path in configs:
@@ -215,7 +228,7 @@ def measure_configs(configs: List[str],
         if cfg_options:
             cfg.merge_from_dict(cfg_options)
         scope = cfg.get('default_scope')
-        size = shape or DEFAULT_SHAPES.get(scope)
+        size = shape or default_shape(cfg)
         key = (scope, backbone_key(cfg, whole), tuple(size or ()))
         if key not in cache:
             cache[key] = measure(cfg, tuple(size), whole)

@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Sequence
 
 from mmengine.config import Config
 
-from polaformer_mm.analysis.flops import (DEFAULT_SHAPES, backbone_key, describe_backbone, measure,
+from polaformer_mm.analysis.flops import (backbone_key, default_shape, describe_backbone, measure,
                                           register_extra_flop_ops, scope_registry)
 from polaformer_mm.engine.entry import TEST_METRICS_FILE
 
@@ -38,16 +38,25 @@ SEG_COLUMNS = {
     'mIoU': ('mIoU', 'single', 'mIoU', 1.),
     'mIoU_ms_flip': ('mIoU(ms+flip)', 'tta', 'mIoU', 1.),
 }
+PANOPTIC_COLUMNS = {'PQ': ('PQ', 'single', 'coco_panoptic/PQ', 1.)}
 CSV_FIELDS = (
     ['group', 'backbone', 'row', 'config', 'params_M', 'flops_G', 'flops_input', 'schedule']
-    + list(DET_COLUMNS) + list(SEG_COLUMNS))
+    + list(DET_COLUMNS) + list(SEG_COLUMNS) + list(PANOPTIC_COLUMNS))
 MODEL_NAMES = {
     'MaskRCNN': 'Mask R-CNN',
     'RetinaNet': 'RetinaNet',
     'FPNHead': 'Semantic FPN',
-    'UPerHead': 'UperNet'
+    'UPerHead': 'UperNet',
+    'CascadeRCNN': 'Cascade Mask R-CNN',
+    'Mask2Former': 'Mask2Former',
+    'Mask2FormerHead': 'Mask2Former',
 }
-DATASET_NAMES = {'CocoDataset': 'COCO', 'ADE20KDataset': 'ADE20K'}
+DATASET_NAMES = {
+    'CocoDataset': 'COCO',
+    'ADE20KDataset': 'ADE20K',
+    'CocoPanopticDataset': 'COCO panoptic',
+    'CityscapesDataset': 'Cityscapes',
+}
 # '[pola-]<family>-<size>' in a config name (DeiT sizes carry the patch size: deit-s16)
 _ARCH = re.compile(r'(?:^|_)(pola-)?(pvtv2|pvt|swin|deit)-(b[0-5]|[tsmlb])(?:16)?(?=[-_]|$)')
 _FAMILIES = {'pvt': 'PVT', 'swin': 'Swin', 'pvtv2': 'PVTv2', 'deit': 'DeiT'}
@@ -211,7 +220,7 @@ class FlopsCounter:
 
     def __call__(self, cfg: Config) -> dict:
         scope = cfg.get('default_scope')
-        shape = DEFAULT_SHAPES[scope]
+        shape = default_shape(cfg)
         key = json.dumps([scope, backbone_key(cfg, False), list(shape), self.enabled])
         if key not in self.cache:
             if self.enabled:
@@ -275,6 +284,8 @@ def _columns(members: List[Run]) -> Dict[str, tuple]:
         columns = dict(DET_COLUMNS)
         if not any(r.metric('single', 'coco/segm_mAP', 1.) is not None for r in members):
             columns.pop('AP_m')
+        if any(r.metric('single', 'coco_panoptic/PQ', 1.) is not None for r in members):
+            columns.update(PANOPTIC_COLUMNS)
         return columns
     return dict(SEG_COLUMNS)
 

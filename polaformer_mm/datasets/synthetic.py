@@ -18,6 +18,12 @@ One layout serves both tasks:
   ``metainfo=dict(classes=SYNTHETIC_CLASSES, palette=SYNTHETIC_PALETTE)`` and
   ``reduce_zero_label=True`` (ADE20K style: background becomes 255 and is ignored).
 
+:func:`write_cityscapes_layout` copies a generated dataset into Cityscapes' folder layout
+(``cityscapes/leftImg8bit/{train,val}/synthetic/*_leftImg8bit.png`` and
+``cityscapes/gtFine/{train,val}/synthetic/*_gtFine_labelTrainIds.png`` under ``root``),
+which mmseg's ``CityscapesDataset`` (19 classes) reads unchanged; the label maps hold
+Cityscapes train ids (:data:`SYNTHETIC_CITYSCAPES_TRAIN_IDS`).
+
 Every image has 1..``max_shapes`` shapes of random class, size, position and colour on a
 textured background (smooth colour noise, stripes, gradients). The shapes are upright
 (squares axis-aligned, triangles with a corner up, their corners jittered a little): a model
@@ -49,7 +55,8 @@ from pycocotools import mask as mask_utils
 
 __all__ = [
     'SYNTHETIC_CLASSES', 'SYNTHETIC_PALETTE', 'SYNTHETIC_SEG_CLASSES', 'SYNTHETIC_SEG_PALETTE',
-    'SYNTHETIC_DEFAULTS', 'SYNTHETIC_GENERATOR_VERSION', 'generate_synthetic_dataset'
+    'SYNTHETIC_DEFAULTS', 'SYNTHETIC_GENERATOR_VERSION', 'SYNTHETIC_CITYSCAPES_TRAIN_IDS',
+    'generate_synthetic_dataset', 'write_cityscapes_layout'
 ]
 
 SYNTHETIC_CLASSES = ('circle', 'square', 'triangle')
@@ -57,6 +64,9 @@ SYNTHETIC_PALETTE = ((220, 20, 60), (0, 130, 255), (255, 190, 0))
 SYNTHETIC_SEG_CLASSES = ('background', ) + SYNTHETIC_CLASSES
 SYNTHETIC_SEG_PALETTE = ((0, 0, 0), ) + SYNTHETIC_PALETTE
 SYNTHETIC_DEFAULTS = dict(num_train=3000, num_val=200, img_size=(64, 64), seed=0, max_shapes=4)
+# Cityscapes train id of each semantic-map value (background, circle, square, triangle):
+# road, traffic sign, car, person (classes 0, 7, 13, 11 of Cityscapes' 19).
+SYNTHETIC_CITYSCAPES_TRAIN_IDS = (0, 7, 13, 11)
 # Bump whenever the same arguments would produce different files.
 SYNTHETIC_GENERATOR_VERSION = 4
 
@@ -545,3 +555,63 @@ def _clear(root):
     for split in _SPLITS:
         os.makedirs(osp.join(root, 'images', split))
         os.makedirs(osp.join(root, 'seg_maps', split))
+
+
+# ----------------------------------------------------------------------------- Cityscapes
+_CITY = 'synthetic'  # the one "city" folder of each split
+
+
+def write_cityscapes_layout(root):
+    """Copy the synthetic dataset generated under ``root`` into Cityscapes' layout.
+
+    Writes ``root/cityscapes/leftImg8bit/{train,val}/synthetic/<n>_leftImg8bit.png`` (the
+    images, as PNG) and ``root/cityscapes/gtFine/{train,val}/synthetic/
+    <n>_gtFine_labelTrainIds.png`` (the semantic maps in Cityscapes train ids:
+    :data:`SYNTHETIC_CITYSCAPES_TRAIN_IDS`), what mmseg's ``CityscapesDataset`` reads with
+    ``data_root=root/cityscapes``. Nothing is written when the tree already holds a copy of
+    the same generation (its ``meta.json`` equals the dataset's).
+
+    Args:
+        root (str | os.PathLike): a folder :func:`generate_synthetic_dataset` completed.
+
+    Returns:
+        str: the Cityscapes tree (``root/cityscapes``).
+
+    Raises:
+        FileNotFoundError: ``root`` holds no complete synthetic dataset.
+    """
+    root = osp.abspath(os.fspath(root))
+    meta_path = osp.join(root, _META)
+    if not osp.isfile(meta_path) or osp.exists(osp.join(root, _INCOMPLETE)):
+        raise FileNotFoundError(f'{root}: no complete synthetic dataset ({_META} missing or '
+                                'generation unfinished); run generate_synthetic_dataset first')
+    with open(meta_path) as f:
+        meta = json.load(f)
+    tree = osp.join(root, 'cityscapes')
+    copy_meta = osp.join(tree, _META)
+    if osp.isfile(copy_meta):
+        with open(copy_meta) as f:
+            if json.load(f) == meta:
+                return tree
+    if osp.isdir(tree):
+        shutil.rmtree(tree)
+    lut = np.full(256, 255, np.uint8)
+    lut[:len(SYNTHETIC_CITYSCAPES_TRAIN_IDS)] = SYNTHETIC_CITYSCAPES_TRAIN_IDS
+    for split in _SPLITS:
+        img_dir = osp.join(tree, 'leftImg8bit', split, _CITY)
+        seg_dir = osp.join(tree, 'gtFine', split, _CITY)
+        os.makedirs(img_dir)
+        os.makedirs(seg_dir)
+        for img_path, seg_path in _split_files(root, split, meta['args'][f'num_{split}']):
+            name = osp.splitext(osp.basename(img_path))[0]
+            image = cv2.imread(img_path, cv2.IMREAD_COLOR)
+            labels = cv2.imread(seg_path, cv2.IMREAD_UNCHANGED)
+            if image is None or labels is None:
+                raise FileNotFoundError(f'{img_path} or {seg_path} unreadable')
+            out = osp.join(img_dir, f'{name}_leftImg8bit.png')
+            _write(out, cv2.imwrite(out, image))
+            out = osp.join(seg_dir, f'{name}_gtFine_labelTrainIds.png')
+            _write(out, cv2.imwrite(out, lut[labels]))
+    with open(copy_meta, 'w') as f:  # last: marks the copy complete
+        json.dump(meta, f, indent=2)
+    return tree

@@ -37,6 +37,7 @@ def _family(folder, pattern, archs, name=None):
 
 _PVTV2 = ('b0', 'b1', 'b2')
 _DEIT_UPERNET = 'upernet_pola-deit-{{}}16{}_8xb2-{}_ade20k-512x512.py'  # neck, schedule
+_CASCADE = 'cascade-mask-rcnn_{}_fpn_4conv1fc-giou_amp-ms-crop-3x_coco.py'
 
 # task -> description, whether the --tta test runs, arch -> Pola config (under configs/)
 TASKS = {
@@ -88,6 +89,47 @@ TASKS = {
         desc='ADE20K UperNet 160k with the multi-level neck (ViT)',
         tta=True,
         configs=_family('pola_vit', _DEIT_UPERNET.format('_mln', '160k'), 'sb', 'deit')),
+    'cascade-mask-rcnn-3x':
+    dict(
+        desc='COCO Cascade Mask R-CNN 3x (multi-scale + crop)',
+        tta=False,
+        configs={
+            **_family('pola_pvt', _CASCADE.format('pola-pvt-{}'), 'sm'),
+            **_family('pola_swin', _CASCADE.format('pola-swin-{}-p4-w7'), 'ts')
+        }),
+    'mask2former-coco':
+    dict(
+        desc='COCO Mask2Former instance segmentation',
+        tta=False,
+        configs=_family('pola_swin', 'mask2former_pola-swin-{}-p4-w7-224_8xb2-lsj-50e_coco.py',
+                        'ts')),
+    'mask2former-coco-panoptic':
+    dict(
+        desc='COCO Mask2Former panoptic segmentation',
+        tta=False,
+        configs=_family('pola_swin',
+                        'mask2former_pola-swin-{}-p4-w7-224_8xb2-lsj-50e_coco-panoptic.py', 'ts')),
+    'mask2former-ade20k':
+    dict(
+        desc='ADE20K Mask2Former 160k',
+        tta=False,
+        configs=_family('pola_swin', 'mask2former_pola-swin-{}_8xb2-160k_ade20k-512x512.py', 'ts')),
+    'mask2former-cityscapes':
+    dict(
+        desc='Cityscapes Mask2Former 90k',
+        tta=False,
+        configs=_family('pola_swin', 'mask2former_pola-swin-{}_8xb2-90k_cityscapes-512x1024.py',
+                        'ts')),
+    'semantic-fpn-cityscapes':
+    dict(
+        desc='Cityscapes Semantic FPN 80k',
+        tta=True,
+        configs=_family('pola_pvt', 'fpn_pola-pvt-{}_4xb2-80k_cityscapes-512x1024.py', 'tsml')),
+    'upernet-cityscapes':
+    dict(
+        desc='Cityscapes UperNet 80k',
+        tta=True,
+        configs=_family('pola_swin', 'upernet_pola-swin-{}_4xb2-80k_cityscapes-512x1024.py', 'ts')),
 }
 
 

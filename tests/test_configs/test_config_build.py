@@ -142,13 +142,14 @@ def _baseline_of(path):
 
 
 PAIRS = [(p, _baseline_of(p)) for p in CONFIGS if _baseline_of(p)]
+DENSE_KINDS = ('mask-rcnn', 'retinanet', 'fpn', 'upernet', 'cascade-mask-rcnn', 'mask2former')
 
 
 def test_every_dense_pola_config_has_a_baseline():
     paired = {p for p, _ in PAIRS}
     for path in CONFIGS:
-        if (osp.basename(path).split('_')[0] in ('mask-rcnn', 'retinanet', 'fpn', 'upernet')
-                and 'pola-' in path and not _in_rules_only_folder(path)):
+        if (osp.basename(path).split('_')[0] in DENSE_KINDS and 'pola-' in path
+                and not _in_rules_only_folder(path)):
             assert path in paired, f'{path} has no softmax baseline next to it'
 
 
@@ -162,12 +163,26 @@ def test_pola_differs_from_baseline_in_backbone_only(pola, baseline):
     assert a == b
 
 
+def _pixel_decoder_channels(decoder):
+    """The channels mmdet's MSDeformAttnPixelDecoder takes per level, high resolution first:
+    its 1x1 lateral convs (the levels outside the encoder) and input convs (the encoder's
+    levels), each list built from low to high resolution."""
+    convs = list(decoder.lateral_convs)[::-1] + list(decoder.input_convs)[::-1]
+    return [c.conv.in_channels for c in convs]
+
+
 def _check_channels(model, channels):
     """Necks / heads that read backbone maps take the channels the backbone gives."""
     neck = getattr(model, 'neck', None)
     if neck is not None and hasattr(neck, 'in_channels'):
         assert list(neck.in_channels) == channels
         return 'neck'
+    # Mask2Former (mmdet's panoptic_head, mmseg's decode_head): every map, no in_index
+    for name in ('panoptic_head', 'decode_head'):
+        head = getattr(model, name, None)
+        if head is not None and not hasattr(head, 'in_index') and hasattr(head, 'pixel_decoder'):
+            assert _pixel_decoder_channels(head.pixel_decoder) == channels, name
+            return name
     for name in ('decode_head', 'auxiliary_head'):  # mmseg without a neck (UperNet)
         head = getattr(model, name, None)
         if head is None:
@@ -331,3 +346,26 @@ def test_get_flops_counts_the_attention(path, options, flop_table):
     attention = ('aten::matmul', 'aten::scaled_dot_product_attention')
     analyzer.set_op_handle(**{op: (lambda inputs, outputs: 0) for op in attention})
     assert row['flops'] > analyzer.total() > 0
+
+
+@pytest.mark.parametrize('path,shape,group', [
+    ('configs/pola_pvt/fpn_pola-pvt-t_4xb2-80k_cityscapes-512x1024.py',
+     (1024, 2048), 'Semantic FPN, Cityscapes, 80k it'),
+    ('configs/pola_swin/mask2former_pola-swin-t_8xb2-90k_cityscapes-512x1024.py',
+     (1024, 2048), 'Mask2Former, Cityscapes, 90k it'),
+    ('configs/pola_swin/mask2former_swin-t_8xb2-160k_ade20k-512x512.py',
+     (512, 512), 'Mask2Former, ADE20K, 160k it'),
+    ('configs/pola_swin/mask2former_pola-swin-s-p4-w7-224_8xb2-lsj-50e_coco-panoptic.py',
+     (800, 1333), 'Mask2Former, COCO panoptic, 368750 it'),
+    ('configs/pola_pvt/cascade-mask-rcnn_pvt-m_fpn_4conv1fc-giou_amp-ms-crop-3x_coco.py',
+     (800, 1333), 'Cascade Mask R-CNN, COCO, 3x (36 ep)'),
+])
+def test_flops_size_and_gain_table_group(path, shape, group):
+    """get_flops.py and the gain table measure Cityscapes configs at the whole-image size
+    they are evaluated at, the others at their scope's size; the gain table names the
+    model, dataset and schedule of every new kind of config."""
+    from polaformer_mm.analysis.flops import default_shape
+    from polaformer_mm.analysis.gain_table import group_of
+    cfg = _load(path)
+    assert tuple(default_shape(cfg)) == shape
+    assert group_of(cfg) == group

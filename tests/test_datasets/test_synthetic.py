@@ -9,9 +9,10 @@ from mmengine.registry import DefaultScope
 from pycocotools.coco import COCO
 
 import polaformer_mm  # noqa: F401  (first: lets torchvision import on CPU-only torch)
-from polaformer_mm.datasets import (SYNTHETIC_CLASSES, SYNTHETIC_GENERATOR_VERSION,
-                                    SYNTHETIC_PALETTE, SYNTHETIC_SEG_CLASSES, SYNTHETIC_SEG_PALETTE,
-                                    generate_synthetic_dataset)
+from polaformer_mm.datasets import (SYNTHETIC_CITYSCAPES_TRAIN_IDS, SYNTHETIC_CLASSES,
+                                    SYNTHETIC_GENERATOR_VERSION, SYNTHETIC_PALETTE,
+                                    SYNTHETIC_SEG_CLASSES, SYNTHETIC_SEG_PALETTE,
+                                    generate_synthetic_dataset, write_cityscapes_layout)
 from .._tools import load_tool
 
 # pycocotools' mask.decode under numpy 2, called by annToMask and mmdet's LoadAnnotations
@@ -261,6 +262,40 @@ def test_mmseg_dataset(dataset, reduce_zero_label):
     assert (255 in values) is reduce_zero_label
 
 
+def test_cityscapes_layout(tmp_path):
+    """mmseg's CityscapesDataset reads the copy as it reads Cityscapes: 19 classes, every
+    image paired with its map, the synthetic labels as Cityscapes train ids."""
+    from mmseg.datasets import CityscapesDataset
+    from mmseg.datasets.transforms import LoadAnnotations
+    root = str(tmp_path / 'syn')
+    with pytest.raises(FileNotFoundError, match='no complete synthetic dataset'):
+        write_cityscapes_layout(root)
+    generate_synthetic_dataset(root, num_train=2, num_val=2, img_size=(48, 64), seed=5)
+    tree = write_cityscapes_layout(root)
+    assert tree == osp.join(root, 'cityscapes')
+    lut = dict(enumerate(SYNTHETIC_CITYSCAPES_TRAIN_IDS))
+    for split in ('train', 'val'):
+        with DefaultScope.overwrite_default_scope('mmseg'):
+            ds = CityscapesDataset(
+                data_root=tree,
+                data_prefix=dict(img_path=f'leftImg8bit/{split}', seg_map_path=f'gtFine/{split}'),
+                pipeline=[],
+                lazy_init=False)
+        assert len(ds) == 2 and len(ds.metainfo['classes']) == 19
+        for idx in range(len(ds)):
+            info = ds.get_data_info(idx)
+            name = osp.basename(info['img_path']).split('_')[0]
+            raw = cv2.imread(osp.join(root, 'seg_maps', split, name + '.png'), -1)
+            gt = LoadAnnotations()(dict(info))['gt_seg_map']
+            np.testing.assert_array_equal(gt, np.vectorize(lut.get)(raw))
+            image = cv2.imread(info['img_path'])
+            np.testing.assert_array_equal(
+                image, cv2.imread(osp.join(root, 'images', split, name + '.jpg')))
+    stamp = osp.getmtime(osp.join(tree, 'meta.json'))
+    assert write_cityscapes_layout(root) == tree  # the same generation: nothing rewritten
+    assert osp.getmtime(osp.join(tree, 'meta.json')) == stamp
+
+
 def _load_cli():
     return load_tool('dataset_converters/generate_synthetic_data.py')
 
@@ -280,6 +315,9 @@ def test_cli(tmp_path, capsys):
     assert cli.main(argv[:-1] + ['2']) == 2
     assert 'seed=1 (requested 2)' in capsys.readouterr().err
     assert cli.main(argv[:-1] + ['2', '--overwrite']) == 0
+    assert cli.main(argv[:-1] + ['2', '--cityscapes']) == 0
+    assert f"Cityscapes layout: {osp.join(out, 'cityscapes')}" in capsys.readouterr().out
+    assert osp.isdir(osp.join(out, 'cityscapes', 'gtFine', 'val'))
     assert cli.main(
         ['--out',
          str(tmp_path / 'sq'), '--num-train', '1', '--num-val', '1', '--size', '40']) == 0

@@ -185,6 +185,13 @@ def test_dry_run_all_prints_commands_of_existing_configs(reproduce_tool, capsys,
     assert 'mask-rcnn_pola-swin-s-p4-w7_fpn_ms-crop-3x_coco/epoch_36.pth' in out
     assert 'upernet_swin-b_8xb2-160k_ade20k-512x512/test_tta --tta' in out
     assert 'retinanet_pvt-l_fpn_1x_coco/test_tta' not in out  # detection: single scale
+    # Cascade (no NxbM in the name: auto_scale_lr's 16 over 2 per GPU), Cityscapes, Mask2Former
+    assert ('dist_train.sh configs/pola_pvt/cascade-mask-rcnn_pola-pvt-s_fpn_4conv1fc-giou_amp-'
+            'ms-crop-3x_coco.py 8 ') in out
+    assert 'dist_train.sh configs/pola_pvt/fpn_pvt-l_4xb2-80k_cityscapes-512x1024.py 4 ' in out
+    assert 'fpn_pola-pvt-t_4xb2-80k_cityscapes-512x1024/test_tta --tta' in out
+    assert 'mask2former_swin-s_8xb2-90k_cityscapes-512x1024/iter_90000.pth' in out
+    assert 'mask2former_swin-t_8xb2-90k_cityscapes-512x1024/test_tta' not in out
 
 
 def test_list_gpu_count_and_missing_weights(reproduce_tool, capsys, tmp_path, monkeypatch):

@@ -3,10 +3,12 @@
 
     python tools/dataset_converters/generate_synthetic_data.py [--out data/synthetic]
         [--num-train N] [--num-val N] [--size H [W]] [--seed S] [--max-shapes M]
-        [--overwrite] [--workers N]
+        [--overwrite] [--workers N] [--cityscapes]
 
 Writes ``images/{train,val}/*.jpg``, ``annotations/instances_{train,val}.json``,
-``seg_maps/{train,val}/*.png`` and ``meta.json`` under ``--out``. A second call with the same
+``seg_maps/{train,val}/*.png`` and ``meta.json`` under ``--out``; with ``--cityscapes`` also
+a copy in Cityscapes' layout under ``--out``/cityscapes (19 classes; mmseg's
+``CityscapesDataset`` with ``data_root`` there). A second call with the same
 arguments finds the dataset complete and writes nothing; a call with other arguments stops
 with an error unless ``--overwrite`` is given.
 """
@@ -14,7 +16,8 @@ import argparse
 import os
 import sys
 
-from polaformer_mm.datasets.synthetic import SYNTHETIC_DEFAULTS, generate_synthetic_dataset
+from polaformer_mm.datasets.synthetic import (SYNTHETIC_DEFAULTS, generate_synthetic_dataset,
+                                              write_cityscapes_layout)
 
 
 def format_summary(summary):
@@ -58,6 +61,10 @@ def main(argv=None):
                     os.cpu_count() or 1),
         help='processes rendering the images (the same files for any number; default: one '
         'per CPU core, at most 4)')
+    parser.add_argument(
+        '--cityscapes',
+        action='store_true',
+        help="also write the Cityscapes-layout copy (OUT/cityscapes: leftImg8bit/, gtFine/)")
     args = parser.parse_args(argv)
     if len(args.size) > 2:
         parser.error('--size takes H or H W')
@@ -76,6 +83,8 @@ def main(argv=None):
         print(f'error: {e}', file=sys.stderr)
         return 2
     print(format_summary(summary))
+    if args.cityscapes:
+        print(f'Cityscapes layout: {write_cityscapes_layout(args.out)}')
     return 0
 
 
