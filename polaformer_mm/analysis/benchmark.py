@@ -37,6 +37,7 @@ import torch
 from ..models.backbones.pola_pvt import PolaPVT
 from ..models.backbones.pola_pvtv2 import PolaPVTv2
 from ..models.backbones.pola_swin import PolaSwin
+from ..models.backbones.pola_vit import PolaViT
 from .memory import CpuMemory, CudaMemory, memory_note
 
 __all__ = [
@@ -58,7 +59,7 @@ _SWIN_ARCH = {'t': 'tiny', 's': 'small', 'b': 'base'}
 # size with no detection config)
 _SWIN_DROP_PATH = {'t': 0.2, 's': 0.2, 'b': 0.3}
 _PVTV2_ARCH = ('b0', 'b1', 'b2')
-_DEIT_ARCH = {'t': 'deit-tiny', 's': 'deit-small', 'b': 'deit-base'}
+_DEIT_ARCH = {'s': 'deit-small', 'b': 'deit-base'}  # the sizes with UperNet configs
 
 
 def _swin_sizes(arch: str) -> dict:
@@ -142,26 +143,40 @@ def _pvtv2_backbones() -> Dict[str, dict]:
             cfg=dict(
                 type='PyramidVisionTransformerV2',
                 embed_dims=sizes['embed_dims'][0],
-                num_layers=list(sizes['depths']),
-                drop_path_rate=0.1),
+                num_layers=list(sizes['depths'])),
             config=config.format(''))
     return named
 
 
 def _deit_backbones() -> Dict[str, dict]:
-    """Pola-DeiT beside mmpretrain's DeiT (``VisionTransformer``), both giving the four
-    1/16 maps of the UperNet configs (blocks 2/5/8/11, no final norm)."""
+    """Pola-DeiT-S/B beside the DeiT of the UperNet baselines (mmseg's
+    ``VisionTransformer``), both as the configs build them: 512x512 position grids, the
+    four 1/16 maps of blocks 2/5/8/11, no final norm."""
     named = {}
     for k, arch in _DEIT_ARCH.items():
-        common = dict(arch=arch, out_indices=(2, 5, 8, 11), final_norm=False, drop_path_rate=0.1)
+        config = f'configs/pola_vit/upernet_{{}}deit-{k}16_8xb2-80k_ade20k-512x512.py'
+        common = dict(out_indices=(2, 5, 8, 11), drop_path_rate=0.1)
         named[f'pola-deit-{k}'] = dict(
             scope=None,
-            cfg=dict(type='PolaViT', attn_types='L', **common),
-            config=f'configs/pola_vit/upernet_pola-deit-{k}16_8xb2-80k_ade20k-512x512.py')
+            cfg=dict(
+                type='PolaViT',
+                arch=arch,
+                img_size=(512, 512),
+                attn_types='L',
+                final_norm=False,
+                **common),
+            config=config.format('pola-'))
+        sizes = PolaViT.arch_zoo[arch]
         named[f'deit-{k}'] = dict(
-            scope='mmpretrain',
-            cfg=dict(type='VisionTransformer', out_type='featmap', **common),
-            config=f'configs/pola_vit/upernet_deit-{k}16_8xb2-80k_ade20k-512x512.py')
+            scope='mmseg',
+            cfg=dict(
+                type='VisionTransformer',
+                img_size=(512, 512),
+                embed_dims=sizes['embed_dims'],
+                num_layers=sizes['num_layers'],
+                num_heads=sizes['num_heads'],
+                **common),
+            config=config.format(''))
     return named
 
 

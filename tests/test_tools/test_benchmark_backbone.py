@@ -99,7 +99,7 @@ def test_named_backbones_are_the_configs_backbones(name):
     # the constructor of mmdet's, which the name builds (without mmseg)
     assert ours.pop('type') == backbone.pop('type').split('.')[-1]
     for key, value in ours.items():
-        expected = backbone.get(key, _default(entry, key))
+        expected = backbone[key] if key in backbone else _default(entry, key)
         assert _same(value, expected), (key, value, expected)
 
 

@@ -20,9 +20,10 @@ files (``--config``; labelled by the file name). Names:
     pola-pvtv2-b{0,1,2} PolaPVTv2 b0/b1/b2 ('LLLL') as in the Mask R-CNN configs
                         (configs/pola_pvtv2/mask-rcnn_pola-pvtv2-b*_fpn_1x_coco.py)
     pvtv2-b{0,1,2}      mmdet PyramidVisionTransformerV2 of the same sizes
-    pola-deit-{t,s,b}   PolaViT deit-tiny/small/base (all 'L'), blocks 2/5/8/11 out as in
+    pola-deit-{s,b}     PolaViT deit-small/base (all 'L'), blocks 2/5/8/11 out as in
                         configs/pola_vit/upernet_pola-deit-*16_8xb2-80k_ade20k-512x512.py
-    deit-{t,s,b}        mmpretrain VisionTransformer deit-tiny/small/base, the same outputs
+    deit-{s,b}          mmseg VisionTransformer DeiT-S/B as in the softmax baselines
+                        (configs/pola_vit/upernet_deit-*16_8xb2-80k_ade20k-512x512.py)
 
 Pretrained weights are never loaded. A measurement runs ``--warmup`` untimed steps,
 then ``--repeat`` timed ones and reports their median. ``forward`` is an inference
