@@ -39,7 +39,7 @@ ELEMENTWISE_OPS = {
                  'log_softmax tanh hardtanh erf lift_fresh any all argmax '
                  'feature_dropout max_pool2d avg_pool2d sort topk repeat index_select '
                  'masked_fill masked_fill_ log clamp_min sign relu max remainder arange '
-                 'minimum gt ge eq floor_divide').split()
+                 'minimum gt ge eq floor_divide eye ones_like').split()
 }
 
 
