@@ -8,6 +8,7 @@ import copy
 import json
 import os
 import os.path as osp
+import re
 
 import cv2
 
@@ -272,3 +273,37 @@ def two_epoch_det_config(data_root, module, checkpoint='dict(interval=1)', extra
             'test_evaluator = val_evaluator\n'
             'train_cfg = dict(max_epochs=2, val_interval=100)\n'
             f'default_hooks = dict(logger=dict(interval=1), checkpoint={checkpoint})\n' + extra)
+
+
+#: ``POLA_TEST_TRAINS=one-per-size-family`` (``make test STACK=oldest``): the one-iteration
+#: config trains run one config of every group that differs only in the backbone size
+TRAINS_ENV = 'POLA_TEST_TRAINS'
+_SIZE_RANK = {
+    s: i
+    for i, names in enumerate(['t tiny b0', 's small b1', 'm medium b2', 'l large b base'])
+    for s in names.split()
+}
+_SIZE = re.compile(
+    r'(pvtv2|pvt|swin|deit)-(tiny|small|medium|large|base|b[0-5](?![0-9])|[tsmlb])(16)?')
+
+
+def configs_to_train(paths):
+    """The config paths the one-iteration train tests run: all of them, or with
+    ``POLA_TEST_TRAINS=one-per-size-family`` the smallest backbone of every group of
+    configs whose names differ only in the backbone size (the low end of the supported
+    range runs the same code paths in a fraction of the time; every config is trained on
+    the pinned stack and built on both)."""
+    mode = os.environ.get(TRAINS_ENV, 'all')
+    if mode == 'all':
+        return list(paths)
+    if mode != 'one-per-size-family':
+        raise ValueError(f"{TRAINS_ENV} must be 'all' or 'one-per-size-family', got {mode!r}")
+    smallest = {}
+    for path in paths:
+        name = os.path.basename(path)
+        group = (os.path.dirname(path), _SIZE.sub(r'\1-X', name))
+        sizes = [m[2] for m in _SIZE.finditer(name)]
+        rank = _SIZE_RANK.get(sizes[0], len(_SIZE_RANK)) if sizes else 0
+        if group not in smallest or rank < smallest[group][0]:
+            smallest[group] = (rank, path)
+    return sorted(path for _, path in smallest.values())

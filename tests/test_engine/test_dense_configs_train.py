@@ -14,7 +14,7 @@ from mmengine.hooks import Hook
 
 from polaformer_mm.engine import entry
 from tests import REPO
-from .._smoke import smoke_config
+from .._smoke import configs_to_train, smoke_config
 
 DENSE = sorted(
     p for p in glob.glob(osp.join(REPO, 'configs', '**', '*.py'), recursive=True)
@@ -25,12 +25,26 @@ NOT_ON_SYNTHETIC = ('_coco-panoptic.py', )
 TRAINED = [
     p if not p.endswith(NOT_ON_SYNTHETIC) else pytest.param(
         p, marks=pytest.mark.skip(reason='no panoptic annotations in the synthetic data'))
-    for p in DENSE
+    for p in configs_to_train(DENSE)
 ]
 
 
 def test_dense_configs_found():
     assert len(DENSE) >= 30, DENSE
+
+
+def test_one_per_size_family_keeps_the_smallest_of_each_group(monkeypatch):
+    monkeypatch.setenv('POLA_TEST_TRAINS', 'one-per-size-family')
+    kept = configs_to_train(DENSE)
+    names = [osp.basename(p) for p in kept]
+    assert 'mask-rcnn_pola-pvt-t_fpn_1x_coco.py' in names
+    assert 'mask-rcnn_pola-pvt-s_fpn_1x_coco.py' not in names
+    assert 'upernet_pola-deit-s16_8xb2-80k_ade20k-512x512.py' in names
+    assert not any('deit-b16' in n or 'pvtv2-b1' in n for n in names)
+    assert len(kept) < len(DENSE)
+    monkeypatch.setenv('POLA_TEST_TRAINS', 'some')
+    with pytest.raises(ValueError, match='POLA_TEST_TRAINS'):
+        configs_to_train(DENSE)
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import pytest
 
 from polaformer_mm.engine import entry
 from tests import REPO
-from .._smoke import classification_root, smoke_classification_config
+from .._smoke import classification_root, configs_to_train, smoke_classification_config
 from .test_dense_configs_train import MetricsCatcher
 
 IMAGENET = sorted(glob.glob(osp.join(REPO, 'configs', 'imagenet', '*.py')))
@@ -25,7 +25,7 @@ def test_imagenet_configs_found():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('path', IMAGENET, ids=lambda p: osp.basename(p))
+@pytest.mark.parametrize('path', configs_to_train(IMAGENET), ids=lambda p: osp.basename(p))
 def test_one_iteration_and_validation(path, data_root, tmp_path):
     cfg = entry.load_config(path)
     smoke_classification_config(cfg, data_root, tmp_path)
