@@ -184,7 +184,7 @@ class ViTBlock(TransformerEncoderLayer):
         return self.ffn(self.ln2(x), identity=x)
 
 
-@MODELS.register_module()
+@MODELS.register_module(force=True)  # in place of the lazy builder of backbones/__init__
 class PolaViT(PolaBackboneBase):
     """Pola-DeiT backbone: mmpretrain's ``VisionTransformer`` (DeiT sizes) with
     polarity-aware linear attention, for dense prediction at any input size.
