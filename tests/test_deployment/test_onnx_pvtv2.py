@@ -3,10 +3,10 @@ test_onnx_export.py exports the other backbones: one file runs in onnxruntime at
 other than the export size with the stage maps of PyTorch, 'L' stages (with and without
 spatial reduction) beside mmdet's softmax 'S' stages."""
 import pytest
-import torch
 
 from polaformer_mm.deployment import ExportableModel, check_onnx, compare_onnxruntime, export_onnx
 from polaformer_mm.models import PolaPVTv2
+from .test_onnx_export import _randomised
 
 EXPORT_HW = (72, 88)
 # smaller in one side and larger in the other, odd sides (the overlapping embeddings'
@@ -34,17 +34,6 @@ BACKBONES = {
     # Pola everywhere, no reduction (the default)
     'LLLL': lambda: _pvtv2('LLLL', '1111'),
 }
-
-
-def _randomised(build, seed=0):
-    """A backbone whose parameters are all random (the Pola exponents, scales and
-    positional encodings too, which start at zero), in eval mode."""
-    torch.manual_seed(seed)
-    model = build().eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.3)
-    return model
 
 
 @pytest.mark.slow
