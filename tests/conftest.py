@@ -19,3 +19,14 @@ def synthetic_data_root(tmp_path_factory):
     once per session. Shared: tests that change files of their dataset make their own."""
     from ._smoke import synthetic_root
     return synthetic_root(tmp_path_factory.mktemp('data'))
+
+
+@pytest.fixture(autouse=True)
+def _restore_default_scope():
+    """A test that calls ``init_default_scope`` (as the tools do) sets mmengine's global
+    default scope for every test after it; each test starts from the scopes it found."""
+    from mmengine.registry import DefaultScope
+    saved = dict(DefaultScope._instance_dict)
+    yield
+    DefaultScope._instance_dict.clear()
+    DefaultScope._instance_dict.update(saved)

@@ -17,6 +17,7 @@ from polaformer_mm.ops import pola_linear_attention
 from polaformer_mm.utils.capture import graph_capture
 from polaformer_mm.utils.compat import TORCHSCRIPT_ONNX_EXPORT
 from tests import REPO
+from .._onnx import randomised
 from .._tools import load_tool
 
 EXPORT_HW = (72, 88)
@@ -51,21 +52,10 @@ def _swin(linear_window_size):
 BACKBONES = {'pvt': _pvt, 'swin-windows': lambda: _swin(8), 'swin-global': lambda: _swin(None)}
 
 
-def _randomised(build, seed=0):
-    """A backbone whose parameters are all random (the Pola exponents, scales and
-    positional encodings too, which start at zero), in eval mode."""
-    torch.manual_seed(seed)
-    model = build().eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.3)
-    return model
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize('name', sorted(BACKBONES))
 def test_backbone_onnx_equals_pytorch_at_other_sizes(name, tmp_path):
-    model = ExportableModel(_randomised(BACKBONES[name]), 'backbone')
+    model = ExportableModel(randomised(BACKBONES[name]), 'backbone')
     path = str(tmp_path / f'{name}.onnx')
     names = export_onnx(model, path, EXPORT_HW, dynamic=True, opset=11)
     assert len(names) == 4
@@ -86,8 +76,8 @@ def test_backbone_onnx_equals_pytorch_at_other_sizes(name, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize('name', ['pvt', 'swin-windows'])
 def test_export_leaves_caches_for_eager_use(name, tmp_path):
-    model = _randomised(BACKBONES[name])
-    fresh = _randomised(BACKBONES[name])
+    model = randomised(BACKBONES[name])
+    fresh = randomised(BACKBONES[name])
     with torch.no_grad():
         model(torch.randn(1, 3, 64, 80))  # fills the eager caches
         export_onnx(ExportableModel(model, 'backbone'), str(tmp_path / 'm.onnx'), (56, 72))
@@ -137,7 +127,7 @@ def test_fp16_graph_is_finite(tmp_path):
     """A half-precision export runs the attention's features in float32 (the op
     computes them so, and the graph keeps the casts) and gives finite float16 maps in
     onnxruntime."""
-    model = ExportableModel(_randomised(BACKBONES['pvt']), 'backbone').half()
+    model = ExportableModel(randomised(BACKBONES['pvt']), 'backbone').half()
     path = str(tmp_path / 'fp16.onnx')
     images = torch.randn(1, 3, *EXPORT_HW).half()
     with torch.no_grad():

@@ -6,7 +6,7 @@ import pytest
 
 from polaformer_mm.deployment import ExportableModel, check_onnx, compare_onnxruntime, export_onnx
 from polaformer_mm.models import PolaPVTv2
-from .test_onnx_export import _randomised
+from .._onnx import randomised
 
 EXPORT_HW = (72, 88)
 # smaller in one side and larger in the other, odd sides (the overlapping embeddings'
@@ -39,7 +39,7 @@ BACKBONES = {
 @pytest.mark.slow
 @pytest.mark.parametrize('name', sorted(BACKBONES))
 def test_pvtv2_onnx_equals_pytorch_at_other_sizes(name, tmp_path):
-    model = ExportableModel(_randomised(BACKBONES[name]), 'backbone')
+    model = ExportableModel(randomised(BACKBONES[name]), 'backbone')
     path = str(tmp_path / f'{name}.onnx')
     names = export_onnx(model, path, EXPORT_HW, dynamic=True, opset=11)
     assert len(names) == 4

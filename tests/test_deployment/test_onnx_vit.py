@@ -8,7 +8,7 @@ from mmengine.config import Config
 from polaformer_mm.analysis.flops import measure, register_extra_flop_ops
 from polaformer_mm.deployment import ExportableModel, check_onnx, compare_onnxruntime, export_onnx
 from polaformer_mm.models import PolaViT
-from .test_onnx_export import _randomised
+from .._onnx import randomised
 
 EXPORT_HW = (72, 88)
 # smaller in one side, larger in the other, neither a multiple of the patch
@@ -25,7 +25,7 @@ def _small_vit(**kwargs):
 @pytest.mark.parametrize('attn_types,output_cls_token', [('L', False), ('LSL', True)])
 def test_backbone_onnx_equals_pytorch_at_other_sizes(attn_types, output_cls_token, tmp_path):
     model = ExportableModel(
-        _randomised(lambda: _small_vit(attn_types=attn_types, output_cls_token=output_cls_token)),
+        randomised(lambda: _small_vit(attn_types=attn_types, output_cls_token=output_cls_token)),
         'backbone')
     path = str(tmp_path / 'vit.onnx')
     names = export_onnx(model, path, EXPORT_HW, dynamic=True, opset=11)

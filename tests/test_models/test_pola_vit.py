@@ -338,19 +338,25 @@ def test_out_indices_and_channels():
 def test_mmseg_upernet_with_multilevel_neck_takes_the_outputs():
     """The outputs feed mmseg's MultiLevelNeck and UPerHead as mmseg's DeiT configs
     wire them (four block outputs, rescaled 4, 2, 1, 0.5)."""
+    from mmengine.registry import DefaultScope
     from mmseg.registry import MODELS
     model = PolaViT(arch='deit-tiny', out_indices=OUT_INDICES, img_size=64).eval()
-    neck = MODELS.build(
-        dict(type='MultiLevelNeck', in_channels=[192] * 4, out_channels=32, scales=[4, 2, 1, 0.5]))
-    head = MODELS.build(
-        dict(
-            type='UPerHead',
-            in_channels=[32] * 4,
-            in_index=[0, 1, 2, 3],
-            pool_scales=(1, 2, 3, 6),
-            channels=16,
-            num_classes=5,
-            norm_cfg=dict(type='BN', requires_grad=True)))
+    with DefaultScope.overwrite_default_scope('mmseg'):  # as mmseg's Runner does
+        neck = MODELS.build(
+            dict(
+                type='MultiLevelNeck',
+                in_channels=[192] * 4,
+                out_channels=32,
+                scales=[4, 2, 1, 0.5]))
+        head = MODELS.build(
+            dict(
+                type='UPerHead',
+                in_channels=[32] * 4,
+                in_index=[0, 1, 2, 3],
+                pool_scales=(1, 2, 3, 6),
+                channels=16,
+                num_classes=5,
+                norm_cfg=dict(type='BN', requires_grad=True)))
     head.eval()
     with torch.no_grad():
         logits = head(neck(model(torch.randn(1, 3, 64, 96))))

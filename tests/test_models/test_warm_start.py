@@ -254,17 +254,19 @@ def test_mmpretrain_classifier_file(tmp_path):
     """A whole mmpretrain ImageClassifier file (SwinTransformer backbone, linear head):
     the 'backbone.' part is found, the head is unused, the output norms the classifier
     lacks are new."""
+    from mmengine.registry import DefaultScope
     from mmpretrain.registry import MODELS
-    classifier = MODELS.build(
-        dict(
-            type='ImageClassifier',
-            backbone=dict(
-                type='SwinTransformer',
-                arch=dict(embed_dims=16, depths=[1, 2, 1, 1], num_heads=[1, 2, 4, 8]),
-                window_size=2,
-                img_size=64),
-            neck=dict(type='GlobalAveragePooling'),
-            head=dict(type='LinearClsHead', num_classes=10, in_channels=128)))
+    with DefaultScope.overwrite_default_scope('mmpretrain'):  # as mmpretrain's Runner does
+        classifier = MODELS.build(
+            dict(
+                type='ImageClassifier',
+                backbone=dict(
+                    type='SwinTransformer',
+                    arch=dict(embed_dims=16, depths=[1, 2, 1, 1], num_heads=[1, 2, 4, 8]),
+                    window_size=2,
+                    img_size=64),
+                neck=dict(type='GlobalAveragePooling'),
+                head=dict(type='LinearClsHead', num_classes=10, in_channels=128)))
     torch.manual_seed(0)
     for p in classifier.parameters():
         torch.nn.init.normal_(p)
