@@ -38,7 +38,7 @@ from ..models.backbones.pola_pvt import PolaPVT
 from ..models.backbones.pola_pvtv2 import PolaPVTv2
 from ..models.backbones.pola_swin import PolaSwin
 from ..models.backbones.pola_vit import PolaViT
-from .memory import CpuMemory, CudaMemory, memory_note
+from .memory import CpuMemory, CudaMemory, is_out_of_memory, limit_resident_memory, memory_note
 
 __all__ = [
     'MODES', 'PRECISIONS', 'NAMED', 'BenchmarkError', 'parse_size', 'parse_value', 'parse_override',
@@ -383,10 +383,6 @@ def measure(model, mode: str, precision: str, height: int, width: int, batch: in
     return result
 
 
-def _is_oom(exc: BaseException) -> bool:
-    return isinstance(exc, torch.cuda.OutOfMemoryError) or 'out of memory' in str(exc).lower()
-
-
 def run_one(spec: dict, job: dict, model=None) -> dict:
     """One measurement in this process (builds the model unless given)."""
     device = torch.device(job['device'])
@@ -404,7 +400,7 @@ def run_one(spec: dict, job: dict, model=None) -> dict:
                     device, job['warmup'], job['repeat']))
     except Exception as e:  # noqa: BLE001  (recorded per measurement; OOM is expected)
         result.update(
-            status='oom' if _is_oom(e) else 'error', error=f'{type(e).__name__}: {e}'[:2000])
+            status='oom' if is_out_of_memory(e) else 'error', error=f'{type(e).__name__}: {e}'[:2000])
         model.zero_grad(set_to_none=True)
         if device.type == 'cuda':
             torch.cuda.empty_cache()
@@ -450,9 +446,13 @@ def worker_main(payload: str) -> None:
     ``job``) in this process; print its result (or the error) as one JSON line."""
     data = json.loads(payload)
     try:
+        if data['job'].get('memory_limit_gib'):
+            limit_resident_memory(data['job']['memory_limit_gib'])
         result = run_one(data['spec'], data['job'])
     except Exception as e:  # noqa: BLE001  (build errors go back to the parent)
-        result = dict(status='error', error=f'{type(e).__name__}: {e}'[:2000])
+        result = dict(
+            status='oom' if is_out_of_memory(e) else 'error',
+            error=f'{type(e).__name__}: {e}'[:2000])
     print(RESULT_PREFIX + json.dumps(result), flush=True)
 
 
@@ -468,7 +468,8 @@ def jobs_for(settings: dict) -> List[dict]:
             batch=b,
             warmup=settings['warmup'],
             repeat=settings['repeat'],
-            threads=settings['threads']) for precision in settings['precisions']
+            threads=settings['threads'],
+            memory_limit_gib=settings.get('memory_limit_gib')) for precision in settings['precisions']
         for mode in settings['modes'] for (h, w) in settings['sizes'] for b in settings['batches']
     ]
 

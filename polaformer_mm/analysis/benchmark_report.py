@@ -3,6 +3,8 @@
 
 * :func:`format_report`: the command, the environment, one row per measurement (time in
   ms, memory delta and peak in MiB) and the Pola / baseline ratios, as Markdown.
+* :func:`fit_summary`: where each backbone stops fitting (the largest input that ran and
+  the smallest that ran out of memory), when a measurement did.
 * :func:`draw`: time and memory delta against pixels per image (log-log), one line per
   backbone (and batch size), Pola solid and its baseline dashed in the same colour; one
   column per (mode, precision).
@@ -11,7 +13,7 @@ from typing import Tuple
 
 from .benchmark import baseline_of
 
-__all__ = ['memory_names', 'format_report', 'draw']
+__all__ = ['memory_names', 'format_report', 'fit_summary', 'draw']
 
 
 def _fmt_mib(v) -> str:
@@ -76,6 +78,7 @@ def format_report(data: dict) -> str:
                          f"| {q['height']}x{q['width']} | {q['batch']} | "
                          f"{_fmt_ratio(q['time'])} | {_fmt_ratio(q['mem_delta'])} | "
                          f"{_fmt_ratio(q['mem_peak'])} |")
+    lines += _fit_lines(data)
     failed = [r for r in data['results'] if r['status'] != 'ok']
     for r in failed:
         lines.append(f"\n{r['status'].upper()}: {r['backbone']} {r['mode']} "
@@ -84,6 +87,50 @@ def format_report(data: dict) -> str:
     if data['overrides']:
         lines += ['', 'overrides: ' + '; '.join(data['overrides'])]
     return '\n'.join(lines)
+
+
+def fit_summary(data: dict) -> list:
+    """Per (backbone, mode, precision, batch) with an out-of-memory measurement: the
+    largest input (in pixels) that ran and the smallest that did not fit."""
+    groups = {}
+    for r in data['results']:
+        key = (r['backbone'], r['mode'], r['precision'], r['batch'])
+        groups.setdefault(key, []).append(r)
+    rows = []
+    for (backbone, mode, precision, batch), rs in groups.items():
+        oom = [r for r in rs if r['status'] == 'oom']
+        if not oom:
+            continue
+        first_oom = min(oom, key=lambda r: r['pixels'])
+        ran = [r for r in rs if r['status'] == 'ok' and r['pixels'] < first_oom['pixels']]
+        largest = max(ran, key=lambda r: r['pixels']) if ran else None
+        rows.append(
+            dict(
+                backbone=backbone,
+                mode=mode,
+                precision=precision,
+                batch=batch,
+                largest_ok=None if largest is None else (largest['height'], largest['width']),
+                smallest_oom=(first_oom['height'], first_oom['width'])))
+    return rows
+
+
+def _fit_lines(data: dict) -> list:
+    rows = fit_summary(data)
+    if not rows:
+        return []
+    limit = data['settings'].get('memory_limit_gib')
+    where = f'a limit of {limit:g} GiB resident' if limit else 'the device'
+    lines = [
+        '', f'Where a backbone stops fitting ({where}):', '',
+        '| backbone | mode | precision | batch | largest input that ran | '
+        'smallest input that did not fit |', '|---|---|---|---:|---|---|'
+    ]
+    for q in rows:
+        ok = '-' if q['largest_ok'] is None else '{}x{}'.format(*q['largest_ok'])
+        lines.append(f"| {q['backbone']} | {q['mode']} | {q['precision']} | {q['batch']} | "
+                     f"{ok} | {q['smallest_oom'][0]}x{q['smallest_oom'][1]} |")
+    return lines
 
 
 def draw(data: dict, path: str) -> None:

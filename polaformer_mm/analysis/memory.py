@@ -14,12 +14,16 @@ caching allocator's allocated memory.
 
 Both are used as ``probe.start()``, the measurement, ``probe.stop()`` (a dict of
 ``mem_peak_mib``, ``mem_delta_mib`` and ``mem_method``).
+
+:func:`limit_resident_memory` caps a CPU measuring process near a resident size (a
+machine's memory), so that a measurement that would not fit fails with an allocation
+error instead of swapping or meeting the kernel's OOM killer.
 """
 from typing import Optional
 
 import torch
 
-__all__ = ['CpuMemory', 'CudaMemory', 'memory_note']
+__all__ = ['CpuMemory', 'CudaMemory', 'memory_note', 'limit_resident_memory', 'is_out_of_memory']
 
 MEMORY_NOTES = {
     'cpu': ('RSS delta = peak resident memory of the measuring process during the '
@@ -65,6 +69,34 @@ def _reset_peak_rss() -> bool:
 def _peak_rss_kib() -> int:
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+
+
+def limit_resident_memory(gib: float) -> int:
+    """Limit this process so that its resident memory cannot grow past about ``gib`` GiB:
+    the address-space limit (``RLIMIT_AS``) is set to the current address space plus
+    ``gib`` GiB minus the current resident memory (mapped libraries that are not resident
+    count in the address space only; memory torch allocates for tensors is touched, so
+    it counts in both). An allocation past it fails (torch: ``RuntimeError ... can't
+    allocate memory``). Returns the limit in bytes. Linux only."""
+    import resource
+    size, rss = _read_status_kib('VmSize'), _read_status_kib('VmRSS')
+    if size is None or rss is None:
+        raise RuntimeError('a memory limit needs /proc/self/status (Linux)')
+    limit = int((size - rss) * 1024 + gib * 2**30)
+    if limit <= size * 1024:
+        raise RuntimeError(f'memory limit {gib} GiB: the process already holds '
+                           f'{rss / 2**20:.2f} GiB')
+    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    return limit
+
+
+_OOM_TEXT = ('out of memory', "can't allocate memory", 'cannot allocate memory', 'bad_alloc')
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an allocation failure (CUDA or CPU)."""
+    return (isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError))
+            or any(t in str(exc).lower() for t in _OOM_TEXT))
 
 
 class CpuMemory:

@@ -89,6 +89,49 @@ def test_isolated_measurement_reports_process_memory():
     assert res['params_m'] == pytest.approx(13.0, abs=1.0)
 
 
+@pytest.mark.slow
+def test_memory_limit_names_where_a_backbone_stops_fitting(tmp_path):
+    """--memory-limit: a measurement that would hold more than the limit fails as OOM
+    (an allocation error in the measuring process, not the OOM killer); the report names
+    the largest input that ran and the smallest that did not fit."""
+    out = tmp_path / 'out'
+    # 1.5 GiB: the libraries, weights and a 64x64 step fit; a 1536x1536 training step of
+    # the softmax PVT-T (about 5 GB of activations) does not
+    rc = cli.main([
+        '--backbones', 'pvt-t', '--sizes', '64x64', '1536x1536', '--mode', 'train', '--repeat',
+        '1', '--warmup', '0', '--threads', '1', '--memory-limit', '1.5', '--no-plot',
+        '--out-dir',
+        str(out)
+    ])
+    assert rc == 0  # out of memory is a result, not an error
+    data = json.loads((out / 'benchmark_backbone.json').read_text())
+    status = {(r['height'], r['width']): r for r in data['results']}
+    assert status[64, 64]['status'] == 'ok'
+    assert status[64, 64]['mem_peak_mib'] < 1.5 * 1024
+    assert status[1536, 1536]['status'] == 'oom', status[1536, 1536]
+    assert "can't allocate memory" in status[1536, 1536]['error']
+    table = (out / 'benchmark_backbone.md').read_text()
+    assert 'Where a backbone stops fitting (a limit of 1.5 GiB resident):' in table
+    assert '| pvt-t | train | none | 1 | 64x64 | 1536x1536 |' in table
+
+
+def test_memory_limit_needs_fresh_cpu_processes():
+    with pytest.raises(SystemExit):
+        cli.main(['--backbones', 'pvt-t', '--memory-limit', '8', '--isolate', 'none'])
+    with pytest.raises(SystemExit):
+        cli.main(['--backbones', 'pvt-t', '--memory-limit', '0'])
+
+
+def test_out_of_memory_errors_are_recognised():
+    from polaformer_mm.analysis.memory import is_out_of_memory
+    assert is_out_of_memory(
+        RuntimeError('[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: '
+                     "can't allocate memory: you tried to allocate 3221225472 bytes."))
+    assert is_out_of_memory(MemoryError())
+    assert is_out_of_memory(RuntimeError('CUDA out of memory. Tried to allocate 2.00 GiB'))
+    assert not is_out_of_memory(RuntimeError('shape mismatch'))
+
+
 @pytest.mark.parametrize('name', sorted(bench.NAMED))
 def test_named_backbones_are_the_configs_backbones(name):
     entry = bench.NAMED[name]

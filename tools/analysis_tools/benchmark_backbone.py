@@ -41,6 +41,13 @@ CUDA: ``torch.cuda.max_memory_allocated`` after a reset; the table gives it minu
 memory allocated right before the measurement ("alloc delta"), the JSON also the
 absolute peak ("max alloc"). On CUDA measurements run in this process by default.
 
+``--memory-limit GIB`` (CPU, fresh processes) caps each measuring process near GIB GiB
+of resident memory (an address-space limit): a measurement that would need more fails as
+OOM instead of swapping or meeting the kernel's OOM killer, and the report gains a table
+of where each backbone stops fitting (the largest input that ran, the smallest that did
+not). Give the machine's memory and a ladder of ``--sizes`` to find where a softmax
+baseline stops fitting.
+
 ``--amp fp16`` / ``bf16`` (CUDA only) run the forward under ``torch.autocast``;
 several values give one column of results each. ``--backbone-cfg KEY=VALUE`` sets a
 constructor argument of every backbone that takes it (an error if none does);
@@ -133,6 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help='seconds one isolated measurement may take (default: no limit)')
     p.add_argument(
+        '--memory-limit',
+        type=float,
+        default=None,
+        metavar='GIB',
+        help='CPU, fresh processes: a measurement whose process would hold more than GIB '
+        'GiB resident fails as OOM (e.g. the machine\'s memory: where a backbone stops fitting)')
+    p.add_argument(
         '--out-dir',
         default=osp.join('work_dirs', 'benchmark_backbone'),
         help='where the table, JSON and PNG go (default work_dirs/benchmark_backbone)')
@@ -176,6 +190,12 @@ def validate(args: argparse.Namespace) -> dict:
     sizes = list(dict.fromkeys(benchmark.parse_size(s) for s in args.sizes))
     isolate = args.isolate if args.isolate != 'auto' else (
         'process' if device.type == 'cpu' else 'none')
+    _require(args.memory_limit is None or args.memory_limit > 0,
+             f'--memory-limit must be > 0 GiB, got {args.memory_limit}')
+    _require(
+        args.memory_limit is None or (device.type == 'cpu' and isolate == 'process'),
+        '--memory-limit limits the resident memory of a measuring process: it needs '
+        f'--device cpu and fresh processes (got --device {args.device}, isolation {isolate})')
     return dict(
         device=str(device),
         device_type=device.type,
@@ -187,7 +207,8 @@ def validate(args: argparse.Namespace) -> dict:
         warmup=args.warmup,
         isolate=isolate,
         threads=args.threads,
-        timeout=args.timeout)
+        timeout=args.timeout,
+        memory_limit_gib=args.memory_limit)
 
 
 def main(argv=None) -> int:
