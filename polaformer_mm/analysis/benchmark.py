@@ -400,7 +400,8 @@ def run_one(spec: dict, job: dict, model=None) -> dict:
                     device, job['warmup'], job['repeat']))
     except Exception as e:  # noqa: BLE001  (recorded per measurement; OOM is expected)
         result.update(
-            status='oom' if is_out_of_memory(e) else 'error', error=f'{type(e).__name__}: {e}'[:2000])
+            status='oom' if is_out_of_memory(e) else 'error',
+            error=f'{type(e).__name__}: {e}'[:2000])
         model.zero_grad(set_to_none=True)
         if device.type == 'cuda':
             torch.cuda.empty_cache()
@@ -469,8 +470,9 @@ def jobs_for(settings: dict) -> List[dict]:
             warmup=settings['warmup'],
             repeat=settings['repeat'],
             threads=settings['threads'],
-            memory_limit_gib=settings.get('memory_limit_gib')) for precision in settings['precisions']
-        for mode in settings['modes'] for (h, w) in settings['sizes'] for b in settings['batches']
+            memory_limit_gib=settings.get('memory_limit_gib'))
+        for precision in settings['precisions'] for mode in settings['modes']
+        for (h, w) in settings['sizes'] for b in settings['batches']
     ]
 
 

@@ -98,9 +98,8 @@ def test_memory_limit_names_where_a_backbone_stops_fitting(tmp_path):
     # 1.5 GiB: the libraries, weights and a 64x64 step fit; a 1536x1536 training step of
     # the softmax PVT-T (about 5 GB of activations) does not
     rc = cli.main([
-        '--backbones', 'pvt-t', '--sizes', '64x64', '1536x1536', '--mode', 'train', '--repeat',
-        '1', '--warmup', '0', '--threads', '1', '--memory-limit', '1.5', '--no-plot',
-        '--out-dir',
+        '--backbones', 'pvt-t', '--sizes', '64x64', '1536x1536', '--mode', 'train', '--repeat', '1',
+        '--warmup', '0', '--threads', '1', '--memory-limit', '1.5', '--no-plot', '--out-dir',
         str(out)
     ])
     assert rc == 0  # out of memory is a result, not an error
