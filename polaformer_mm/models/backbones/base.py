@@ -53,6 +53,15 @@ def check_stage_list(name: str, values, num_stages: int) -> List[int]:
         raise ValueError(f'{name} must hold positive ints, got {values}') from None
 
 
+def check_mlp_ratios(mlp_ratios, num_stages: int) -> None:
+    """One number > 0 per stage in the arch's ``mlp_ratios`` (a list; not a bool), else
+    a ValueError naming the key."""
+    if not (isinstance(mlp_ratios, list) and len(mlp_ratios) == num_stages and all(
+            isinstance(r, (int, float)) and not isinstance(r, bool) and r > 0 for r in mlp_ratios)):
+        raise ValueError(f'arch mlp_ratios must be {num_stages} numbers > 0, '
+                         f'got {mlp_ratios!r}')
+
+
 def _freeze(module: nn.Module) -> None:
     module.eval()
     for param in module.parameters():

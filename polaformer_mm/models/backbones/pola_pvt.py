@@ -13,7 +13,7 @@ from torch import Tensor
 from ..attention import PolaLinearAttention, SpatialReductionAttention
 from ..utils import (Mlp, PatchEmbed, StagePositionalEncodings, drop_path_rates, nlc_to_nchw,
                      resize_token_grid, run_blocks)
-from .base import PolaBackboneBase, check_stage_list
+from .base import PolaBackboneBase, check_mlp_ratios, check_stage_list
 
 
 class PVTBlock(BaseModule):
@@ -310,11 +310,7 @@ class PolaPVT(PolaBackboneBase):
         ``mlp_ratios``); returns ``la_sr_ratios`` as a list."""
         num_stages = len(arch['depths'])
         la_sr_ratios = check_stage_list('la_sr_ratios', la_sr_ratios, num_stages)
-        mlp_ratios = arch['mlp_ratios']
-        if not (isinstance(mlp_ratios, list) and len(mlp_ratios) == num_stages
-                and all(isinstance(r, (int, float)) and r > 0 for r in mlp_ratios)):
-            raise ValueError(f'arch mlp_ratios must be {num_stages} numbers > 0, '
-                             f'got {mlp_ratios!r}')
+        check_mlp_ratios(arch['mlp_ratios'], num_stages)
         for i in range(num_stages):
             if self.attn_types[i] == 'L' and min(grids[i]) < la_sr_ratios[i]:
                 raise ValueError(f'la_sr_ratios[{i}]={la_sr_ratios[i]} exceeds stage {i}\'s grid '

@@ -7,7 +7,6 @@ The softmax ('S') parts are mmdet's own modules, imported when a model is built 
 (``MixFFN``). The state-dict keys are mmdet's.
 """
 import math
-from functools import partial
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch.nn.functional as F
@@ -18,11 +17,10 @@ from mmengine.model.weight_init import constant_init, normal_init, trunc_normal_
 from mmengine.registry import MODELS
 from torch import Tensor, nn
 
-from ...utils.capture import graph_capture
 from ..attention import PolaLinearAttention, split_heads
-from ..utils import (StagePositionalEncodings, check_sizes, drop_path_rates, nchw_to_nlc,
-                     nlc_to_nchw, run_blocks, softmax_attention)
-from .base import PolaBackboneBase, check_positive_int, check_stage_list
+from ..utils import (StagePositionalEncodings, captured_blocks, check_sizes, drop_path_rates,
+                     nchw_to_nlc, nlc_to_nchw, run_blocks, softmax_attention)
+from .base import PolaBackboneBase, check_mlp_ratios, check_positive_int, check_stage_list
 
 #: (kernel, stride, padding) of each stage's overlapping patch embedding (PVTv2's)
 PATCH_EMBEDS = ((7, 4, 3), (3, 2, 1), (3, 2, 1), (3, 2, 1))
@@ -189,8 +187,8 @@ class PVTv2Stage(ModuleList):
         x, hw_shape = patch_embed(x)
         check_sizes(lambda: self._check_map(hw_shape))
         encodings = self._pos_encodings([b.attn for b in blocks], hw_shape)
-        if self.sr_ratio is not None and graph_capture():
-            blocks = [partial(captured_softmax_block, b) for b in blocks]
+        if self.sr_ratio is not None:
+            blocks = captured_blocks(blocks, captured_softmax_block)
         x = run_blocks(blocks, x, hw_shape, self.with_cp, encodings)
         return norm(x), hw_shape
 
@@ -306,7 +304,7 @@ class PolaPVTv2(PolaBackboneBase):
             raise ValueError(f'PolaPVTv2 has {len(PATCH_EMBEDS)} stages; arch lists have '
                              f'{num_stages} values')
         self.la_sr_ratios = tuple(check_stage_list('la_sr_ratios', la_sr_ratios, num_stages))
-        self._check_mlp_ratios(arch['mlp_ratios'], num_stages)
+        check_mlp_ratios(arch['mlp_ratios'], num_stages)
         self.arch = arch
         self.num_features = list(arch['embed_dims'])
 
@@ -365,14 +363,6 @@ class PolaPVTv2(PolaBackboneBase):
         norm = build_norm_layer(block_args['norm_cfg'], dims)[1]
         sr_ratio = arch['sr_ratios'][i] if self.attn_types[i] == 'S' else None
         return PVTv2Stage(patch_embed, blocks, norm, i, sr_ratio, self.with_cp)
-
-    @staticmethod
-    def _check_mlp_ratios(mlp_ratios, num_stages: int) -> None:
-        if not (isinstance(mlp_ratios, list) and len(mlp_ratios) == num_stages and all(
-                isinstance(r, (int, float)) and not isinstance(r, bool) and r > 0
-                for r in mlp_ratios)):
-            raise ValueError(f'arch mlp_ratios must be {num_stages} numbers > 0, '
-                             f'got {mlp_ratios!r}')
 
     @staticmethod
     def _stage_grids(pretrain_img_size: Tuple[int, int], patch_size: int,
