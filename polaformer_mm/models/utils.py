@@ -252,26 +252,35 @@ class WindowLayout(NamedTuple):
     mask: Optional[Tensor]  #: (nW, T, T) additive softmax mask; None: nothing masked
 
 
-def window_layout(hw_shape: Sequence[int], window_size: int, shifted: bool, device: torch.device,
-                  dtype: torch.dtype) -> WindowLayout:
+def window_layout(hw_shape: Sequence[int],
+                  window_size: int,
+                  shifted: bool,
+                  device: torch.device,
+                  dtype: torch.dtype,
+                  softmax_mask: bool = True) -> WindowLayout:
     """The window layout of an H x W map of a (shifted) Swin block
     (:mod:`~polaformer_mm.models.window_geometry`): cached per size and without masks
     where nothing is padded or shifted in eager runs; in a graph capture computed by
     the graph from the sizes, the masks always given (all-real windows: no key
     dropped, an all-zero softmax mask), so that the graph holds no decision on the
-    sizes it was captured at. The softmax mask is given in ``dtype``."""
+    sizes it was captured at. The softmax mask is given in ``dtype``; with
+    ``softmax_mask=False`` (the linear windows, which take the padding only) it is
+    None, never computed: it holds T x T values per window, where T is the window's
+    token count (3136 for the 56 x 56 windows of Pola-Swin)."""
     ws = window_size
     if graph_capture():
         H, W = hw_shape
         to_windows, from_windows, regions = captured_window_layout(H, W, ws, shifted, device)
-        differ = regions[:, :, None] != regions[:, None, :]
-        zeros = torch.zeros(differ.shape, dtype=dtype, device=device)
-        mask = zeros.masked_fill(differ, float('-inf'))
+        mask = None
+        if softmax_mask:
+            differ = regions[:, :, None] != regions[:, None, :]
+            zeros = torch.zeros(differ.shape, dtype=dtype, device=device)
+            mask = zeros.masked_fill(differ, float('-inf'))
         return WindowLayout(to_windows, from_windows, regions < 0, mask)
     H, W = (int(s) for s in hw_shape)  # plain ints: keys of the cached layouts
     shift = window_shift((H, W), ws, shifted)
     to_windows, from_windows = window_gather(H, W, ws, shift, device)
-    mask = window_mask(H, W, ws, shift, device)
+    mask = window_mask(H, W, ws, shift, device) if softmax_mask else None
     return WindowLayout(to_windows, from_windows, window_padding(H, W, ws, shift, device),
                         None if mask is None else mask.to(dtype))
 

@@ -83,3 +83,34 @@ def test_shift_follows_the_official_rule():
     assert window_shift((4, 9), 4, True) == 0
     assert window_shift((9, 9), 4, False) == 0
     assert padded_size(9, 4) == 12 and padded_size(8, 4) == 8
+
+
+@pytest.mark.parametrize('capture', [False, True])
+def test_linear_windows_never_build_the_softmax_mask(capture):
+    """The linear ('L') windows take the padding only: their layout has no (nW, T, T)
+    softmax mask (T = 3136 for 56 x 56 windows: 39 MB per window), neither cached nor
+    recorded, while the softmax windows of the same map get theirs."""
+    from polaformer_mm.models import PolaSwin
+    from polaformer_mm.models.utils import window_layout
+    from polaformer_mm.utils.capture import exportable
+
+    window_mask.cache_clear()
+    H, W, ws = 10, 11, 4  # padded and shifted
+    with exportable(capture):
+        linear = window_layout((H, W), ws, True, CPU, torch.float32, softmax_mask=False)
+        softmax = window_layout((H, W), ws, True, CPU, torch.float32)
+    assert linear.mask is None and linear.padding is not None
+    assert softmax.mask is not None and softmax.mask.shape == (9, 16, 16)
+    torch.testing.assert_close(linear.padding, softmax.padding)
+    assert window_mask.cache_info().currsize == (0 if capture else 1)
+
+    window_mask.cache_clear()
+    model = PolaSwin(
+        arch=dict(embed_dims=16, depths=[2, 2, 2, 2], num_heads=[1, 2, 2, 4]),
+        attn_types='LLLL',
+        window_size=3,
+        linear_window_size=5,
+        pretrain_img_size=64).eval()
+    with torch.no_grad():
+        model(torch.randn(1, 3, 52, 76))  # 13x19 first map: padded, shifted windows
+    assert window_mask.cache_info().currsize == 0

@@ -133,7 +133,8 @@ class SwinBlock(BaseModule):
         H, W = hw_shape
         B, N, C = x.shape
         ws = self.window_size
-        layout = window_layout(hw_shape, ws, self.shifted, x.device, x.dtype)
+        layout = window_layout(
+            hw_shape, ws, self.shifted, x.device, x.dtype, softmax_mask=not self.uses_pola)
         x = pad_to_multiple(x.view(B, H, W, C).permute(0, 3, 1, 2), ws).permute(0, 2, 3, 1)
         windows = x.reshape(B, -1, C).index_select(1, layout.to_windows).view(-1, ws * ws, C)
         if self.uses_pola:
