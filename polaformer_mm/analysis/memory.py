@@ -86,7 +86,10 @@ def limit_resident_memory(gib: float) -> int:
     if limit <= size * 1024:
         raise RuntimeError(f'memory limit {gib} GiB: the process already holds '
                            f'{rss / 2**20:.2f} GiB')
-    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)  # a soft limit may not exceed the hard one
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
     return limit
 
 
