@@ -383,6 +383,14 @@ def measure(model, mode: str, precision: str, height: int, width: int, batch: in
     return result
 
 
+def _failure(exc: BaseException) -> dict:
+    """The result of a measurement that raised ``exc``: 'oom' for an allocation failure,
+    else 'error', with the error's text."""
+    return dict(
+        status='oom' if is_out_of_memory(exc) else 'error',
+        error=f'{type(exc).__name__}: {exc}'[:2000])
+
+
 def run_one(spec: dict, job: dict, model=None) -> dict:
     """One measurement in this process (builds the model unless given)."""
     device = torch.device(job['device'])
@@ -399,9 +407,7 @@ def run_one(spec: dict, job: dict, model=None) -> dict:
             measure(model, job['mode'], job['precision'], job['height'], job['width'], job['batch'],
                     device, job['warmup'], job['repeat']))
     except Exception as e:  # noqa: BLE001  (recorded per measurement; OOM is expected)
-        result.update(
-            status='oom' if is_out_of_memory(e) else 'error',
-            error=f'{type(e).__name__}: {e}'[:2000])
+        result.update(_failure(e))
         model.zero_grad(set_to_none=True)
         if device.type == 'cuda':
             torch.cuda.empty_cache()
@@ -451,9 +457,7 @@ def worker_main(payload: str) -> None:
             limit_resident_memory(data['job']['memory_limit_gib'])
         result = run_one(data['spec'], data['job'])
     except Exception as e:  # noqa: BLE001  (build errors go back to the parent)
-        result = dict(
-            status='oom' if is_out_of_memory(e) else 'error',
-            error=f'{type(e).__name__}: {e}'[:2000])
+        result = _failure(e)
     print(RESULT_PREFIX + json.dumps(result), flush=True)
 
 
