@@ -79,3 +79,30 @@ def test_cli_warm_starts_a_repository_config(tmp_path):
     model = PolaSwin(
         arch='tiny', attn_types='LLSS', init_cfg=dict(type='Pretrained', checkpoint=str(dst)))
     model.init_weights()
+
+
+@pytest.mark.slow
+def test_cli_builds_pola_vit_by_name_in_a_fresh_process(tmp_path):
+    """``--backbone PolaViT`` in a process that has not imported PolaViT's module (the
+    registry holds its builder until then): a DeiT-T file in the DeiT / timm release
+    layout is warm-started, and the file loads strictly."""
+    from polaformer_mm.models import PolaViT
+    from ..test_models._softmax_files import deit_release_layout, mmpretrain_deit
+    deit = mmpretrain_deit(arch='deit-tiny', img_size=224, out_indices=(11, ))
+    src = tmp_path / 'deit_tiny_patch16_224.pth'
+    torch.save({'model': deit_release_layout(deit.state_dict())}, src)
+    dst = tmp_path / 'pola_deit_t.pth'
+    proc = subprocess.run([
+        sys.executable,
+        osp.join(REPO, 'tools', TOOL),
+        str(src),
+        str(dst), '--backbone', 'PolaViT', '--arch', 'deit-tiny'
+    ],
+                          capture_output=True,
+                          text=True,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "PolaViT(arch='deit-tiny'" in proc.stdout and '24 loaded in part' in proc.stdout
+    model = PolaViT(
+        arch='deit-tiny', init_cfg=dict(type='Pretrained', checkpoint=str(dst), prefix='backbone.'))
+    model.init_weights()

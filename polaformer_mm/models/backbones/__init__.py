@@ -22,6 +22,12 @@ def _build_pola_vit(*args, **kwargs):
 MODELS.register_module('PolaViT', module=_build_pola_vit)
 
 
+def registered_class(entry):
+    """The class behind a ``MODELS`` entry: PolaViT's builder (registered until its
+    module is imported) resolves to the PolaViT class; any other entry is itself."""
+    return _pola_vit() if entry is _build_pola_vit else entry
+
+
 def __getattr__(name):
     if name == 'PolaViT':
         return _pola_vit()
