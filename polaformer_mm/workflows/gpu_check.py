@@ -12,6 +12,7 @@ import math
 import os
 import os.path as osp
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -210,15 +211,17 @@ def _junit_counts(path: str) -> dict:
 
 
 def cuda_test_files() -> List[str]:
-    """Test files that hold CUDA tests (``pytest.mark.cuda`` or the ``cuda_param`` of
-    tests/test_cuda/_devices.py), relative to the repo: only these are collected, so a
-    CPU-only test module that needs a package this machine lacks cannot fail the step."""
+    """Test files that hold CUDA tests (``pytest.mark.cuda``, the ``CUDA`` / ``cuda_test``
+    marks of tests/_cuda.py or the ``cuda_param`` of tests/test_cuda/_devices.py), relative
+    to the repo: only these are collected, so a CPU-only test module that needs a package
+    this machine lacks cannot fail the step."""
     import glob
     found = []
     for path in sorted(glob.glob(osp.join(REPO, 'tests', '**', 'test_*.py'), recursive=True)):
         with open(path) as f:
             text = f.read()
-        if 'mark.cuda' in text or 'cuda_param' in text:
+        if ('mark.cuda' in text or 'cuda_param' in text
+                or re.search(r'^from \S*_cuda import', text, re.M)):
             found.append(osp.relpath(path, REPO))
     return found
 

@@ -25,6 +25,7 @@ AMP = {'float16': torch.float16, 'bfloat16': torch.bfloat16}
 # relative L2 error of autocast against float32 (outputs; all gradients as one vector)
 # (on the CPU's autocast: fp16 <= 0.002 / 0.005, bf16 <= 0.015 / 0.016 for these archs)
 AMP_TOL = {'float16': dict(out=0.01, grad=0.02), 'bfloat16': dict(out=0.05, grad=0.06)}
+LOSS_SCALE = 2.0**16
 FULL = (800, 1333)
 ODD = (333, 517)
 CPU_SMALL = (37, 45)
@@ -52,8 +53,14 @@ def _fwd_bwd(model, x, dtype):
         outs = model(x)
     g = torch.Generator().manual_seed(0)
     loss = sum((o.float() * torch.randn(o.shape, generator=g).to(o.device)).mean() for o in outs)
-    loss.backward()
-    grads = {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
+    # scaled as mixed-precision training scales it (mmengine's AmpOptimWrapper starts at
+    # 2**16): the mean over ~10**6 outputs leaves gradients near 1e-7, below float16's
+    # normal range, which an unscaled float16 backward flushes towards zero
+    (loss * LOSS_SCALE).backward()
+    grads = {
+        k: p.grad.detach() / LOSS_SCALE
+        for k, p in model.named_parameters() if p.grad is not None
+    }
     return [o.detach().float() for o in outs], grads
 
 

@@ -43,6 +43,8 @@ def test_cuda_test_files_are_found():
     files = gpu_check.cuda_test_files()
     assert 'tests/test_cuda/test_backbones_cuda.py' in files
     assert 'tests/test_cuda/test_train_amp.py' in files
+    # marked through tests/_cuda.py's ``CUDA`` (module-level pytestmark)
+    assert 'tests/test_ops/test_pola_attention_cuda.py' in files
     assert 'tests/test_tools/test_gpu_check.py' not in files
 
 
