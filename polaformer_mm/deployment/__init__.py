@@ -5,6 +5,9 @@ role:
   exporter alone: ``part='backbone'``, the backbone's stage maps, or ``part='model'``, the
   tensor part of the whole model (no post-processing) (:class:`ExportableModel`,
   :func:`export_onnx`); :func:`build_model` builds and loads the model for every export;
+* :mod:`~polaformer_mm.deployment.blocked_mlp` -- the graph rewrite both exports apply:
+  the transformer MLPs of the written file run over blocks of tokens in a ``Scan``
+  (:func:`block_mlps`), the graph form of the eager ``mlp_gelu``;
 * :mod:`~polaformer_mm.deployment.rewrites` -- the project's mmdeploy rewrites for
   onnxruntime, one module per head family as mmdeploy lays them out, and adaptive pooling
   exact at every size (:func:`register_mmdeploy_rewrites`);
@@ -33,6 +36,7 @@ Importing the package imports neither mmdeploy nor mmdet / mmseg: the end-to-end
 imports mmdeploy and registers the rewrites when it runs.
 """
 from .benchmark import BenchmarkRow, benchmark_run
+from .blocked_mlp import block_mlps, block_mlps_file
 from .checks import (BoxAgreement, Difference, MapAgreement, compare_end2end, compare_onnxruntime,
                      match_boxes, median_seconds, other_shapes, time_end2end, time_runs)
 from .end2end import (DEPLOY_CONFIGS, MMDEPLOY_INSTALL, MMDEPLOY_VERSION, DeployConfigError,
@@ -51,5 +55,5 @@ __all__ = [
     'adaptive_avg_pool2d_matmul', 'compare_end2end', 'deploy_config_file', 'end2end_task',
     'export_end2end', 'folder_images', 'load_deploy_config', 'match_boxes', 'mmdeploy_missing',
     'preprocess_image', 'random_images', 'sample_images', 'register_mmdeploy_rewrites',
-    'BenchmarkRow', 'benchmark_run'
+    'BenchmarkRow', 'benchmark_run', 'block_mlps', 'block_mlps_file'
 ]

@@ -99,18 +99,18 @@ def _output_discarded() -> Iterator[None]:
 
 
 def _export_and_time(config: str, part: str, shape, path: str, opset: int, repeats: int,
-                     warmup: int, threads: Optional[int]):
+                     warmup: int, threads: Optional[int], block_mlps: bool):
     """(what, times) of one export at ``opset``."""
     from .checks import time_end2end, time_runs
     from .end2end import export_end2end, random_images
     from .export import build_exportable, export_onnx
     if part == 'end2end':
-        export = export_end2end(config, None, path, shape, opset=opset)
+        export = export_end2end(config, None, path, shape, opset=opset, block_mlps=block_mlps)
         times = time_end2end(
             export, random_images(1, shape)[0], shape, repeats, warmup, threads=threads)
         return f'{type(export.model).__name__} end to end ({export.task})', times
     module, _ = build_exportable(config, None, 'backbone' if part == 'backbone' else 'model')
-    export_onnx(module, path, shape, opset=opset)
+    export_onnx(module, path, shape, opset=opset, block_mlps=block_mlps)
     return module.description, time_runs(module, path, shape, repeats, warmup, threads=threads)
 
 
@@ -121,12 +121,15 @@ def benchmark_run(config: str,
                   repeats: int = 10,
                   warmup: int = 2,
                   opsets: Sequence[int] = OPSETS,
-                  threads: Optional[int] = None) -> BenchmarkRow:
+                  threads: Optional[int] = None,
+                  block_mlps: bool = True) -> BenchmarkRow:
     """Export ``part`` of ``config`` (initial weights: the speed does not depend on them)
     to ``folder`` at the first of ``opsets`` with every operator of the model, and time
     PyTorch eager and onnxruntime on one (1, 3, H, W) image: medians of ``repeats`` runs
     after ``warmup`` untimed ones. ``threads``: onnxruntime's intra-op threads (None: its
-    default). Any failure gives a row whose ``error`` says what failed."""
+    default). ``block_mlps``: the exports' MLP rewrite
+    (:func:`~.blocked_mlp.block_mlps`; False: the graph as traced). Any failure gives a
+    row whose ``error`` says what failed."""
     if part not in PARTS:
         raise ValueError(f'part must be one of {PARTS}, got {part!r}')
     H, W = (int(s) for s in shape)
@@ -138,7 +141,7 @@ def benchmark_run(config: str,
         try:
             with _output_discarded():
                 what, times = _export_and_time(config, part, (H, W), path, opset, repeats, warmup,
-                                               threads)
+                                               threads, block_mlps)
         except Exception as err:  # noqa: B902 -- every failure becomes the row's reason
             error = f'{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err) else ""}'
             if missing_operator_opset(err):

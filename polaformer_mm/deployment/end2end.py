@@ -251,7 +251,8 @@ def export_end2end(config: Union[str, 'Config'],
                    dynamic: Optional[bool] = True,
                    deploy_cfg: Union[str, 'Config', None] = None,
                    image: Optional[np.ndarray] = None,
-                   opset: Optional[int] = None) -> End2EndExport:
+                   opset: Optional[int] = None,
+                   block_mlps: bool = True) -> End2EndExport:
     """Export a whole detector / segmentor, post-processing included, with mmdeploy's
     rewrites for the onnxruntime backend (:data:`MMDEPLOY_VERSION`).
 
@@ -281,6 +282,9 @@ def export_end2end(config: Union[str, 'Config'],
             default: random.
         opset (int, optional): the graph's opset in place of the deploy config's
             ``onnx_config.opset_version`` (None: the deploy config's).
+        block_mlps (bool): then rewrite the graph's transformer MLPs to run over blocks
+            of tokens (:func:`~polaformer_mm.deployment.blocked_mlp.block_mlps`: the same
+            values, faster in onnxruntime at detection sizes). Default: True.
     """
     from ..engine.entry import load_config
     from ..utils.compat import legacy_onnx_export_api
@@ -322,4 +326,7 @@ def export_end2end(config: Union[str, 'Config'],
             dynamic_axes=get_dynamic_axes(deploy, names),
             keep_initializers_as_inputs=onnx_cfg.get('keep_initializers_as_inputs', False),
             optimize=False)
+    if block_mlps:
+        from .blocked_mlp import block_mlps_file
+        block_mlps_file(path)
     return End2EndExport(path, model, deploy, task, tuple(onnx_cfg['output_names']), dynamic)

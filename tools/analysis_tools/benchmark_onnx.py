@@ -2,7 +2,7 @@
 
     python tools/analysis_tools/benchmark_onnx.py CONFIG H W [CONFIG H W ...]
         [--parts backbone end2end] [--repeats 10] [--warmup 2] [--opsets 11 13 17]
-        [--threads N] [--work-dir DIR] [--out-md FILE] [--out-json FILE]
+        [--threads N] [--no-block-mlps] [--work-dir DIR] [--out-md FILE] [--out-json FILE]
 
 Every CONFIG is exported as ``tools/deployment/pytorch2onnx.py`` exports it, once per part
 of ``--parts`` (initial weights: the speed does not depend on them):
@@ -22,7 +22,9 @@ PyTorch with its default thread count and onnxruntime with ``--threads`` (defaul
 same count); the medians of ``--repeats`` timed runs after ``--warmup`` untimed ones are
 printed as a Markdown table with the PyTorch / onnxruntime ratio, under a line naming the
 versions, the threads and the load average (before and after), which says how quiet the
-machine was. One progress line per export goes to stderr; the models' logs are kept at
+machine was. The exports run their transformer MLPs over blocks of tokens
+(``polaformer_mm.deployment.blocked_mlp``) as every export of the project does;
+``--no-block-mlps`` times the graphs as traced instead. One progress line per export goes to stderr; the models' logs are kept at
 warning level. ``--out-md`` / ``--out-json`` write the table and its rows.
 """
 import argparse
@@ -63,6 +65,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         default=None,
         help="onnxruntime's intra-op threads (default: PyTorch's thread count)")
     parser.add_argument(
+        '--no-block-mlps',
+        action='store_true',
+        help='export the MLPs as traced, not over blocks of tokens (the rewrite every export '
+        'applies by default)')
+    parser.add_argument(
         '--work-dir', default=None, help='where the .onnx files go (default: a temporary folder)')
     parser.add_argument('--out-md', default=None, help='write the table (Markdown) here')
     parser.add_argument('--out-json', default=None, help='write the rows (JSON) here')
@@ -89,7 +96,7 @@ def _header(args, threads: int, load_before, load_after) -> str:
             f'{onnxruntime.__version__} ({threads} threads), {os.cpu_count()} CPUs '
             f'({platform.processor() or "?"}), load average {load_before[0]:.1f} before, '
             f'{load_after[0]:.1f} after; median of {args.repeats} runs after {args.warmup} '
-            'untimed')
+            f'untimed; MLPs {"as traced" if args.no_block_mlps else "over blocks of tokens"}')
 
 
 def main(argv: Optional[List[str]] = None) -> List[benchmark.BenchmarkRow]:
@@ -114,7 +121,7 @@ def main(argv: Optional[List[str]] = None) -> List[benchmark.BenchmarkRow]:
                     flush=True)
                 rows.append(
                     benchmark.benchmark_run(config, part, shape, folder, args.repeats, args.warmup,
-                                            args.opsets, threads))
+                                            args.opsets, threads, not args.no_block_mlps))
     header = _header(args, threads, load_before, os.getloadavg())
     table = benchmark.format_markdown(rows)
     print(f'{header}\n\n{table}')
