@@ -115,14 +115,14 @@ def _gelu(g: _Graph, name: str) -> Optional[Tuple[List, str]]:
         return None
     erf = g.only_consumer(div.output[0], 'Erf')
     add = erf and g.only_consumer(erf.output[0], 'Add')
-    if add is None or g.scalar(add.input[1] if add.input[0] == erf.output[0] else
-                               add.input[0]) != 1.0:
+    if add is None or g.scalar(add.input[1] if add.input[0] ==
+                               erf.output[0] else add.input[0]) != 1.0:
         return None
     if add.output[0] not in mul.input or g.consumers.get(add.output[0]) != [mul]:
         return None
     half = g.only_consumer(mul.output[0], 'Mul')
-    if half is None or g.scalar(half.input[1] if half.input[0] == mul.output[0] else
-                                half.input[0]) != 0.5:
+    if half is None or g.scalar(half.input[1] if half.input[0] ==
+                                mul.output[0] else half.input[0]) != 0.5:
         return None
     return [div, erf, add, mul, half], half.output[0]
 
@@ -151,8 +151,8 @@ def _find_mlps(g: _Graph) -> List[Tuple[List, str, str, int, int, int]]:
     return found
 
 
-def _scan_nodes(prefix: str, nodes: Sequence, x: str, y: str, c_in: int, c_out: int,
-                elem_type: int, block_rows: int) -> Tuple[List, List]:
+def _scan_nodes(prefix: str, nodes: Sequence, x: str, y: str, c_in: int, c_out: int, elem_type: int,
+                block_rows: int) -> Tuple[List, List]:
     """(nodes, initializers) computing ``y`` from ``x`` (..., c_in) by ``nodes`` over
     blocks of at most ``block_rows`` rows in a ``Scan``."""
     import numpy as np
@@ -209,13 +209,14 @@ def _scan_nodes(prefix: str, nodes: Sequence, x: str, y: str, c_in: int, c_out: 
         helper.make_node('Pad', [n('x2d'), n('pads')], [n('x_padded')]),
         helper.make_node('Concat', [n('iters'), n('each'), n('c_in')], [n('shape3d')], axis=0),
         helper.make_node('Reshape', [n('x_padded'), n('shape3d')], [n('x3d')]),
-        helper.make_node('Scan', [n('x3d')], [n('y3d')], num_scan_inputs=1, body=body,
-                         name=n('Scan')),
+        helper.make_node(
+            'Scan', [n('x3d')], [n('y3d')], num_scan_inputs=1, body=body, name=n('Scan')),
         helper.make_node('Reshape', [n('y3d'), n('out2d')], [n('y_padded')]),
-        helper.make_node('Slice', [n('y_padded'), n('zero1d'), n('rows'), n('zero1d')],
-                         [n('y2d')]),
-        helper.make_node('Slice', [n('shape'), n('zero1d'), n('minus1'), n('zero1d')],
-                         [n('lead')]),
+        helper.make_node('Slice',
+                         [n('y_padded'), n('zero1d'),
+                          n('rows'), n('zero1d')], [n('y2d')]),
+        helper.make_node('Slice', [n('shape'), n('zero1d'),
+                                   n('minus1'), n('zero1d')], [n('lead')]),
         helper.make_node('Concat', [n('lead'), n('c_out')], [n('out_shape')], axis=0),
         helper.make_node('Reshape', [n('y2d'), n('out_shape')], [y]),
     ]

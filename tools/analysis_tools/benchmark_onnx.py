@@ -24,8 +24,9 @@ printed as a Markdown table with the PyTorch / onnxruntime ratio, under a line n
 versions, the threads and the load average (before and after), which says how quiet the
 machine was. The exports run their transformer MLPs over blocks of tokens
 (``polaformer_mm.deployment.blocked_mlp``) as every export of the project does;
-``--no-block-mlps`` times the graphs as traced instead. One progress line per export goes to stderr; the models' logs are kept at
-warning level. ``--out-md`` / ``--out-json`` write the table and its rows.
+``--no-block-mlps`` times the graphs as traced instead. One progress line per export goes
+to stderr; the models' logs are kept at warning level. ``--out-md`` / ``--out-json`` write
+the table and its rows.
 """
 import argparse
 import os
