@@ -43,9 +43,13 @@ class _Graph:
             for name in node.input:
                 self.consumers.setdefault(name, []).append(node)
         self.constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-        for node in graph.node:
+        for node in graph.node:  # in topological order
             if node.op_type == 'Constant' and node.attribute[0].name == 'value':
                 self.constants[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+            elif node.op_type == 'Identity' and node.input[0] in self.constants:
+                # the exporter's stand-in for an initializer equal to another one (e.g.
+                # the zero biases of untrained layers)
+                self.constants[node.output[0]] = self.constants[node.input[0]]
         self.outputs = {o.name for o in graph.output}
 
     def only_consumer(self, name: str, op_type: str):

@@ -1,8 +1,8 @@
 """The ONNX rewrite that runs transformer MLPs over blocks of tokens
 (polaformer_mm.deployment.blocked_mlp): which chains it takes, and that the rewritten graph
 gives the values of the graph as exported at token counts below, at and between whole
-blocks, at opsets 11 and 17 and for both forms of a token-wise layer (``Gemm`` on rows,
-``MatMul`` + ``Add`` on (B, N, C))."""
+blocks, at opsets 11 and 17, for both forms of a token-wise layer (``Gemm`` on rows,
+``MatMul`` + ``Add`` on (B, N, C)) and with biases the exporter writes as ``Identity`` nodes."""
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -37,9 +37,15 @@ class _Mlps(nn.Module):
         return x + self.fc2(hidden), hidden
 
 
-def _export(path, opset):
+def _export(path, opset, equal_biases=False):
     torch.manual_seed(0)
     model = _Mlps().eval()
+    if equal_biases:  # as untrained layers have them: the exporter writes the later ones
+        # as an Identity of the first
+        with torch.no_grad():
+            for mlp in (model.rows, model.tokens):
+                mlp[0].bias.zero_()
+                mlp[2].bias.zero_()
     x = torch.randn(2, 9, C)
     torch.onnx.export(
         model, (x, ),
@@ -72,10 +78,10 @@ def _run(path, x):
     return session.run(None, {'x': x.numpy()})
 
 
-@pytest.mark.parametrize('opset', [11, 17])
-def test_rewritten_graph_gives_the_exported_values(opset, tmp_path):
+@pytest.mark.parametrize('opset,equal_biases', [(11, False), (17, False), (11, True)])
+def test_rewritten_graph_gives_the_exported_values(opset, equal_biases, tmp_path):
     plain, blocked = str(tmp_path / 'plain.onnx'), str(tmp_path / 'blocked.onnx')
-    model = _export(plain, opset)
+    model = _export(plain, opset, equal_biases)
     graph = onnx.load(plain)
     # blocks of 7 rows (7 * HIDDEN hidden values): several blocks and padded ones
     assert block_mlps(graph, block_elements=7 * HIDDEN) == 2
