@@ -18,12 +18,10 @@ docs/user_guides/deployment.md ("Speed").
 """
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..ops.blocked_mlp import _BLOCK_ELEMENTS
+from ..ops.blocked_mlp import BLOCK_ELEMENTS
 
 __all__ = ['block_mlps', 'block_mlps_file', 'BLOCK_ELEMENTS']
 
-#: Hidden values (rows x hidden channels) per block, as in the eager ``mlp_gelu``.
-BLOCK_ELEMENTS = _BLOCK_ELEMENTS
 #: The GELU exported by the TorchScript exporter before opset 20:
 #: ``x * (erf(x / sqrt(2)) + 1) * 0.5``, as Div, Erf, Add, Mul, Mul.
 _ERF_GELU = ('Div', 'Erf', 'Add', 'Mul', 'Mul')

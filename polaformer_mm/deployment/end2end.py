@@ -244,6 +244,41 @@ def _check_end2end_output(path: str) -> None:
         raise FileNotFoundError(f'output folder does not exist: {folder}')
 
 
+def _mmdeploy_export(model, cfg, deploy, inputs: torch.Tensor, sample, path: str,
+                     opset: Optional[int]) -> dict:
+    """``mmdeploy.apis.onnx.export`` of ``model`` on ``inputs`` to ``path`` with the
+    codebase's and the project's rewrites, under the TorchScript exporter's API and the
+    graph-capture switch; returns the deploy config's ``onnx_config``."""
+    from ..utils.compat import legacy_onnx_export_api
+    with legacy_onnx_export_api(), warnings.catch_warnings(), exportable():
+        warnings.filterwarnings('ignore', category=torch.jit.TracerWarning)
+        from mmdeploy.apis import build_task_processor
+        from mmdeploy.apis.onnx import export
+        from mmdeploy.utils import get_backend, get_dynamic_axes, get_onnx_config
+
+        build_task_processor(cfg, deploy, 'cpu')  # registers the codebase's rewrites
+        register_mmdeploy_rewrites()
+        onnx_cfg = get_onnx_config(deploy)
+        names = list(onnx_cfg['input_names']) + list(onnx_cfg['output_names'])
+        export(
+            model,
+            inputs,
+            output_path_prefix=path[:-len('.onnx')],
+            backend=get_backend(deploy).value,
+            input_metas={
+                'data_samples': [sample],
+                'mode': 'predict'
+            },
+            context_info={'deploy_cfg': deploy},
+            input_names=list(onnx_cfg['input_names']),
+            output_names=list(onnx_cfg['output_names']),
+            opset_version=opset or onnx_cfg.get('opset_version', DEFAULT_OPSET),
+            dynamic_axes=get_dynamic_axes(deploy, names),
+            keep_initializers_as_inputs=onnx_cfg.get('keep_initializers_as_inputs', False),
+            optimize=False)
+    return onnx_cfg
+
+
 def export_end2end(config: Union[str, 'Config'],
                    checkpoint: Optional[str],
                    path: str,
@@ -287,7 +322,6 @@ def export_end2end(config: Union[str, 'Config'],
             values, faster in onnxruntime at detection sizes). Default: True.
     """
     from ..engine.entry import load_config
-    from ..utils.compat import legacy_onnx_export_api
 
     _check_end2end_output(path)
     cfg = config if not isinstance(config, str) else load_config(config)
@@ -300,32 +334,7 @@ def export_end2end(config: Union[str, 'Config'],
     if not dynamic:  # mmdeploy's (W, H) of the static graph: the preprocessed size
         deploy.onnx_config.input_shape = [int(inputs.shape[3]), int(inputs.shape[2])]
     traceable_upsampling(model)
-    with legacy_onnx_export_api(), warnings.catch_warnings(), exportable():
-        warnings.filterwarnings('ignore', category=torch.jit.TracerWarning)
-        from mmdeploy.apis import build_task_processor
-        from mmdeploy.apis.onnx import export
-        from mmdeploy.utils import get_backend, get_dynamic_axes, get_onnx_config
-
-        build_task_processor(cfg, deploy, 'cpu')  # registers the codebase's rewrites
-        register_mmdeploy_rewrites()
-        onnx_cfg = get_onnx_config(deploy)
-        names = list(onnx_cfg['input_names']) + list(onnx_cfg['output_names'])
-        export(
-            model,
-            inputs,
-            output_path_prefix=path[:-len('.onnx')],
-            backend=get_backend(deploy).value,
-            input_metas={
-                'data_samples': [sample],
-                'mode': 'predict'
-            },
-            context_info={'deploy_cfg': deploy},
-            input_names=list(onnx_cfg['input_names']),
-            output_names=list(onnx_cfg['output_names']),
-            opset_version=opset or onnx_cfg.get('opset_version', DEFAULT_OPSET),
-            dynamic_axes=get_dynamic_axes(deploy, names),
-            keep_initializers_as_inputs=onnx_cfg.get('keep_initializers_as_inputs', False),
-            optimize=False)
+    onnx_cfg = _mmdeploy_export(model, cfg, deploy, inputs, sample, path, opset)
     if block_mlps:
         from .blocked_mlp import block_mlps_file
         block_mlps_file(path)

@@ -5,7 +5,7 @@ At detection sizes the hidden activations of an MLP are the largest tensors of a
 docs/advanced_guides/performance.md), and autograd keeps two of them per block (the input
 of GELU and that of fc2) and makes two more in the backward pass, each written to and read
 back from main memory by one operator after another. :func:`mlp_gelu` computes the same
-maths over blocks of about ``_BLOCK_ELEMENTS`` hidden values, so that every block's GELU,
+maths over blocks of about ``BLOCK_ELEMENTS`` hidden values, so that every block's GELU,
 second product and gradients work on data still in the CPU's caches, and keeps only the
 input and the pre-activation ``fc1(x)`` for the backward pass (GELU is recomputed from it
 there, one element-wise pass). Values and gradients are those of ``nn.Linear`` /
@@ -17,14 +17,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ['mlp_gelu']
+__all__ = ['mlp_gelu', 'BLOCK_ELEMENTS']
 
-#: Hidden values (rows x hidden channels) per block.
-_BLOCK_ELEMENTS = 1 << 21
+#: Hidden values (rows x hidden channels) per block (also those of the exported graphs'
+#: blocks: :mod:`polaformer_mm.deployment.blocked_mlp`).
+BLOCK_ELEMENTS = 1 << 21
 
 
 def _row_blocks(rows: int, hidden: int):
-    step = max(1, _BLOCK_ELEMENTS // hidden)
+    step = max(1, BLOCK_ELEMENTS // hidden)
     for start in range(0, rows, step):
         yield slice(start, min(start + step, rows))
 

@@ -27,7 +27,7 @@ def _reference(x, w1, b1, w2, b2, approximate):
 def test_values_and_gradients_are_those_of_the_modules(monkeypatch, bias, approximate, block):
     """Over blocks of 3 rows (30 hidden values) or in one block: the values and all
     gradients of linear - GELU - linear, for a non-contiguous (B, N, C) input."""
-    monkeypatch.setattr(module, '_BLOCK_ELEMENTS', block)
+    monkeypatch.setattr(module, 'BLOCK_ELEMENTS', block)
     params = _params(bias=bias)
     x = torch.randn(2, 6, 17, dtype=torch.float64).transpose(1, 2)  # (2, 17, 6), strided
     weights = torch.randn(2, 17, 5, dtype=torch.float64)
@@ -54,7 +54,7 @@ def _with_none(leaves, bias):
 
 
 def test_gradcheck(monkeypatch):
-    monkeypatch.setattr(module, '_BLOCK_ELEMENTS', 8)
+    monkeypatch.setattr(module, 'BLOCK_ELEMENTS', 8)
     w1, b1, w2, b2 = (t.requires_grad_() for t in _params(C=3, hidden=4, C_out=2))
     x = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(mlp_gelu, (x, w1, b1, w2, b2))
