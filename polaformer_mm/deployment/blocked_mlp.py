@@ -83,6 +83,10 @@ def _linear(g: _Graph, node) -> Optional[Tuple[List, str, int, int]]:
                 or _attr(node, 'alpha', 1.0) != 1.0):
             return None
         c_out, c_in = weight.shape if _attr(node, 'transB', 0) else weight.shape[::-1]
+        # a bias per output channel (one per row would not split into blocks)
+        bias = g.constants.get(node.input[2]) if len(node.input) > 2 and node.input[2] else 0
+        if bias is None or getattr(bias, 'size', 1) not in (1, c_out):
+            return None
         return [node], node.output[0], int(c_in), int(c_out)
     if node.op_type == 'MatMul':
         weight = g.constants.get(node.input[1])
@@ -145,7 +149,7 @@ def _find_mlps(g: _Graph) -> List[Tuple[List, str, str, int, int, int]]:
         users = g.consumers.get(act, [])
         if len(users) != 1 or act in g.outputs:
             continue
-        second = _linear(g, users[0])
+        second = _linear(g, users[0]) if users[0].input[0] == act else None
         if second is None or second[2] != hidden:
             continue
         nodes2, out, _, c_out = second

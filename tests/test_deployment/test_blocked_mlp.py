@@ -118,3 +118,39 @@ def test_file_form_and_graphs_without_mlps(tmp_path):
     graph = onnx.load(path)
     graph.opset_import[0].version = 10
     assert block_mlps(graph) == 0
+
+
+@pytest.mark.parametrize('bias_kind,expected', [('channels', 1), ('rows', 0)])
+def test_a_bias_per_row_is_left_alone(bias_kind, expected):
+    """A ``Gemm`` whose bias is not one value per output channel (here a graph input of
+    one value per row) does not split into blocks of rows."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+
+    def init(name, *shape):
+        return numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+
+    inputs = [helper.make_tensor_value_info('x', TensorProto.FLOAT, ['N', C])]
+    inits = [init('w1', HIDDEN, C), init('w2', C, HIDDEN), init('b2', C)]
+    inits += [
+        numpy_helper.from_array(np.array(v, np.float32), n)
+        for n, v in (('sqrt2', 2**0.5), ('one', 1.0), ('half', 0.5))
+    ]
+    if bias_kind == 'channels':
+        inits.append(init('b1', HIDDEN))
+    else:
+        inputs.append(helper.make_tensor_value_info('b1', TensorProto.FLOAT, ['N', HIDDEN]))
+    nodes = [
+        helper.make_node('Gemm', ['x', 'w1', 'b1'], ['h'], transB=1),
+        helper.make_node('Div', ['h', 'sqrt2'], ['d']),
+        helper.make_node('Erf', ['d'], ['e']),
+        helper.make_node('Add', ['e', 'one'], ['e1']),
+        helper.make_node('Mul', ['h', 'e1'], ['g0']),
+        helper.make_node('Mul', ['g0', 'half'], ['g']),
+        helper.make_node('Gemm', ['g', 'w2', 'b2'], ['y'], transB=1),
+    ]
+    graph = helper.make_graph(nodes, 'mlp', inputs,
+                              [helper.make_tensor_value_info('y', TensorProto.FLOAT, ['N', C])],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid('', 11)])
+    assert block_mlps(model) == expected
