@@ -22,10 +22,6 @@ from ..ops.blocked_mlp import BLOCK_ELEMENTS
 
 __all__ = ['block_mlps', 'block_mlps_file', 'BLOCK_ELEMENTS']
 
-#: The GELU exported by the TorchScript exporter before opset 20:
-#: ``x * (erf(x / sqrt(2)) + 1) * 0.5``, as Div, Erf, Add, Mul, Mul.
-_ERF_GELU = ('Div', 'Erf', 'Add', 'Mul', 'Mul')
-
 
 class _Graph:
     """Producers, consumers and constants of one ONNX graph."""
@@ -73,6 +69,11 @@ def _attr(node, name, default):
     return default
 
 
+def _other_input(node, name: str) -> str:
+    """The input of the two-input ``node`` that is not ``name``."""
+    return node.input[1] if node.input[0] == name else node.input[0]
+
+
 def _linear(g: _Graph, node) -> Optional[Tuple[List, str, int, int]]:
     """``(nodes, output, in_channels, out_channels)`` of the token-wise linear layer that
     starts at ``node`` (a ``Gemm`` with a constant weight, or a ``MatMul`` by a constant
@@ -95,8 +96,7 @@ def _linear(g: _Graph, node) -> Optional[Tuple[List, str, int, int]]:
         nodes, out = [node], node.output[0]
         add = g.only_consumer(out, 'Add')
         if add is not None:
-            other = add.input[1] if add.input[0] == out else add.input[0]
-            bias = g.constants.get(other)
+            bias = g.constants.get(_other_input(add, out))
             if bias is not None and bias.size == weight.shape[1] == bias.shape[-1]:
                 nodes, out = nodes + [add], add.output[0]
         return nodes, out, int(weight.shape[0]), int(weight.shape[1])
@@ -104,8 +104,9 @@ def _linear(g: _Graph, node) -> Optional[Tuple[List, str, int, int]]:
 
 
 def _gelu(g: _Graph, name: str) -> Optional[Tuple[List, str]]:
-    """``(nodes, output)`` of the exact GELU of ``name`` (one ``Gelu`` node, or the erf
-    form of :data:`_ERF_GELU`), else None."""
+    """``(nodes, output)`` of the exact GELU of ``name``: one ``Gelu`` node, or the form the
+    TorchScript exporter writes before opset 20, ``x * (erf(x / sqrt(2)) + 1) * 0.5`` as
+    ``Div``, ``Erf``, ``Add``, ``Mul``, ``Mul``; else None."""
     users = g.consumers.get(name, [])
     if name in g.outputs:
         return None
@@ -121,14 +122,12 @@ def _gelu(g: _Graph, name: str) -> Optional[Tuple[List, str]]:
         return None
     erf = g.only_consumer(div.output[0], 'Erf')
     add = erf and g.only_consumer(erf.output[0], 'Add')
-    if add is None or g.scalar(add.input[1] if add.input[0] ==
-                               erf.output[0] else add.input[0]) != 1.0:
+    if add is None or g.scalar(_other_input(add, erf.output[0])) != 1.0:
         return None
     if add.output[0] not in mul.input or g.consumers.get(add.output[0]) != [mul]:
         return None
     half = g.only_consumer(mul.output[0], 'Mul')
-    if half is None or g.scalar(half.input[1] if half.input[0] ==
-                                mul.output[0] else half.input[0]) != 0.5:
+    if half is None or g.scalar(_other_input(half, mul.output[0])) != 0.5:
         return None
     return [div, erf, add, mul, half], half.output[0]
 
@@ -177,7 +176,6 @@ def _scan_nodes(prefix: str, nodes: Sequence, x: str, y: str, c_in: int, c_out: 
         const('c_in', [c_in]),
         const('block', block_rows),
         const('one', 1),
-        const('one1d', [1]),
         const('zero1d', [0]),
         const('zero2', [0, 0]),
         const('minus1', [-1]),

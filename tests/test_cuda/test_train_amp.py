@@ -104,10 +104,10 @@ def _cases():
 def test_train_amp_one_iteration_then_test(device, path, synthetic_data_root, tmp_path):
     cuda = device == 'cuda'
     cfg_file, cfg = _config_file(path, synthetic_data_root, tmp_path / 'cfg', full_size=cuda)
-    if cuda and cfg.default_scope == 'mmdet' and mmcv_cuda_ops_version()[1] is None:
+    ops = mmcv_cuda_ops_version()
+    if cuda and cfg.default_scope == 'mmdet' and ops[1] is None:
         # RoIAlign, NMS and the focal loss of the detectors run as mmcv's CUDA ops
-        pytest.skip('detection on CUDA needs mmcv built with its CUDA ops: '
-                    f'{mmcv_cuda_ops_version()}')
+        pytest.skip(f'detection on CUDA needs mmcv built with its CUDA ops: {ops}')
     work_dir = str(tmp_path / 'train')
     args = [cfg_file, '--work-dir', work_dir] + (['--amp'] if cuda else [])
     _load_tool('train').main(args)
