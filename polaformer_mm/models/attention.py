@@ -70,8 +70,20 @@ class SpatialReduction(nn.Module):
 def split_heads(x: Tensor, num_heads: int, head_dims: int) -> Tensor:
     """Tokens (B, N, h*d) -> heads (B, h, N, d), a view where the layout allows (a
     reshape whose sizes the graph takes from ``x`` under a trace: an ONNX Reshape of
-    every opset, where ``unflatten`` needs opset 13)."""
+    every opset, where ``unflatten`` needs opset 13). One head is an ``unsqueeze``: the
+    same view, which a graph records without the ``Transpose`` (a copy of the whole
+    tensor in graph runtimes) that moving a size-1 axis would be."""
+    if num_heads == 1:
+        return x.unsqueeze(1)
     return x.reshape(x.shape[0], x.shape[1], num_heads, head_dims).transpose(1, 2)
+
+
+def merge_heads(x: Tensor, num_heads: int) -> Tensor:
+    """Heads (B, h, N, d) -> tokens (B, N, h*d), the inverse of :func:`split_heads`
+    (one head: a reshape, no ``Transpose`` in a graph)."""
+    if num_heads == 1:
+        return x.reshape(x.shape[0], x.shape[2], x.shape[3])
+    return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], num_heads * x.shape[3])
 
 
 def linear_parts(layer: nn.Linear, x: Tensor, parts: int) -> List[Tensor]:
@@ -272,11 +284,10 @@ class PolaLinearAttention(nn.Module):
                 pos_encoding: Optional[Tensor] = None) -> Tensor:
         """Attend over the tokens ``x`` (B, H*W, C) laid out on ``hw_shape``;
         the arguments are those of :meth:`project`. Returns (B, H*W, C)."""
-        B, N, C = x.shape
         (q, k, v, g, eps, _), scale = self._project(
             x, hw_shape, padding_mask, pos_encoding, divide=False)
         out = pola_linear_attention(q, k, v, self.power, self.alpha, eps, scale=scale)
-        out = out.transpose(1, 2).reshape(B, N, C)
+        out = merge_heads(out, self.num_heads)
         out = token_rows(self.proj, (out + self.local_term(v, hw_shape)) * g)
         return self.proj_drop(out)
 
@@ -298,7 +309,7 @@ class PolaLinearAttention(nn.Module):
             v = F.interpolate(v.transpose(-2, -1).reshape(B * h, d, n), size=N, mode='linear')
             v = v.reshape(B, C, H, W).contiguous(memory_format=torch.channels_last)
         else:
-            v = v.transpose(1, 2).reshape(B, H, W, C).permute(0, 3, 1, 2)
+            v = merge_heads(v, h).reshape(B, H, W, C).permute(0, 3, 1, 2)
         bias = None if self.dwc.bias is None else self.dwc.bias.repeat(h)
         v = depthwise_conv(v, self.dwc.weight.repeat(h, 1, 1, 1), bias)
         return v.permute(0, 2, 3, 1).reshape(B, N, C)

@@ -17,7 +17,7 @@ from mmpretrain.models.utils import MultiheadAttention, build_norm_layer
 from torch import Tensor
 
 from ...ops import pola_linear_attention
-from ..attention import PolaLinearAttention, linear_parts, split_heads
+from ..attention import PolaLinearAttention, linear_parts, merge_heads, split_heads
 from ..utils import (StagePositionalEncodings, check_sizes, drop_path_rates, nlc_to_nchw,
                      pad_to_multiple, resize_token_grid, run_blocks, softmax_attention)
 from .base import PolaBackboneBase, check_positive_int, check_probability, is_int
@@ -119,9 +119,9 @@ class PolaViTAttention(PolaLinearAttention):
         q_cls, k_cls, v_cls = (split_heads(t, h, d) for t in (q_cls, k_cls, v_cls))
         keys, values = torch.cat([k_cls, k], dim=2), torch.cat([v_cls, v], dim=2)
         out = pola_linear_attention(q, keys, values, self.power, self.alpha, eps, scale=scale)
-        out = out.transpose(1, 2).reshape(B, H * W, C) + self.local_term(v, hw_shape)
+        out = merge_heads(out, h) + self.local_term(v, hw_shape)
         out_cls = softmax_attention(q_cls, keys, values, d, 0., False)
-        out_cls = out_cls.transpose(1, 2).reshape(B, 1, C)
+        out_cls = merge_heads(out_cls, h)
         out = torch.cat([out_cls * g_cls, out * g], dim=1)
         return self.proj_drop(self.proj(out))
 

@@ -93,9 +93,8 @@ def exp_floor(dtype: torch.dtype) -> float:
 
 
 def _polarity_features(x: Tensor, p: Tensor, log_scale: Optional[Tensor],
-                       per_row: bool) -> Tuple[Tensor, Tensor]:
-    """``([x+, x-], M)``: the polarity features of ``x / scale`` times ``exp(-M)``,
-    concatenated along the channels, ``M`` the largest ``p log|x / scale|`` of the row
+                       per_row: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(x+, x-, M)``: the polarity features of ``x / scale`` times ``exp(-M)``, ``M`` the largest ``p log|x / scale|`` of the row
     (``per_row``) or of the last two dims, at least 0; exponents floored at
     :func:`exp_floor`.
 
@@ -116,19 +115,18 @@ def _polarity_features(x: Tensor, p: Tensor, log_scale: Optional[Tensor],
     shift = shift.clamp_min(0)
     signed = torch.exp((scaled - shift).clamp_min(exp_floor(x.dtype))) * (x / magnitude)
     positive = torch.relu(signed)
-    return torch.cat([positive, positive - signed], dim=-1), shift
+    return positive, positive - signed, shift
 
 
-def _stream_weights(summary: Tensor, d: int) -> Tensor:
-    """The (.., 2d, d + 2) right-hand side of both streams from the key summary
-    ``[K^T v, sum(K)] / n`` (.., 2d, d + 1) of ``K = [k+, k-]``: the numerator columns of
-    the same-signed stream (the first ``ceil(d/2)`` value channels), those of the
-    opposite-signed stream (the rest, against the rows of k+ and k- swapped), then the
-    denominator column of each stream."""
+def _stream_weights(same: Tensor, other: Tensor, d: int) -> Tensor:
+    """The (.., d, d + 2) right-hand side of both streams for the query features of one
+    sign, from the key summaries ``[K^T v, sum(K)] / n`` (.., d, d + 1) of the key
+    features of the same sign (``same``) and of the other sign (``other``): the
+    numerator columns of the same-signed stream (the first ``ceil(d/2)`` value channels,
+    against ``same``), those of the opposite-signed stream (the rest, against
+    ``other``), then the denominator column of each stream."""
     dv = value_split(d)
-    swapped = torch.cat([summary[..., d:, :], summary[..., :d, :]], dim=-2)
-    return torch.cat([summary[..., :dv], swapped[..., dv:d], summary[..., d:], swapped[..., d:]],
-                     dim=-1)
+    return torch.cat([same[..., :dv], other[..., dv:d], same[..., d:], other[..., d:]], dim=-1)
 
 
 def _per_channel(numerators: Tensor, denominators: Tensor, d: int) -> Tensor:
@@ -179,11 +177,13 @@ def pola_linear_attention_plain(q: Tensor, k: Tensor, v: Tensor, power: Tensor, 
     d = int(power.shape[-1])
     p = pola_exponent(power, alpha)
     log_scale = None if scale is None else torch.log(scale)
-    queries, shift_q = _polarity_features(q, p, log_scale, per_row=True)  # (B, h, N, 2d)
-    keys, shift_k = _polarity_features(k, p, log_scale, per_row=False)  # (B, h, n, 2d)
+    q_pos, q_neg, shift_q = _polarity_features(q, p, log_scale, per_row=True)  # (B, h, N, d)
+    k_pos, k_neg, shift_k = _polarity_features(k, p, log_scale, per_row=False)  # (B, h, n, d)
     values = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # (B, h, n, d + 1)
-    summary = torch.matmul(keys.transpose(-2, -1), values) * (1. / k.shape[-2])
-    num_den = torch.matmul(queries, _stream_weights(summary, d))  # (B, h, N, d + 2)
+    summary_pos = torch.matmul(k_pos.transpose(-2, -1), values) * (1. / k.shape[-2])
+    summary_neg = torch.matmul(k_neg.transpose(-2, -1), values) * (1. / k.shape[-2])
+    num_den = (torch.matmul(q_pos, _stream_weights(summary_pos, summary_neg, d)) +
+               torch.matmul(q_neg, _stream_weights(summary_neg, summary_pos, d)))  # (B, h, N, d + 2)
     eps_scaled = torch.exp((-(shift_q + shift_k)).clamp_min(exp_floor(q.dtype)))
     eps_scaled = (eps_scaled * eps).clamp_min(torch.finfo(q.dtype).tiny)
     return _per_channel(num_den[..., :d], num_den[..., d:] + eps_scaled, d)
