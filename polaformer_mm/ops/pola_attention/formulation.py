@@ -152,11 +152,13 @@ def pola_linear_attention_plain(q: Tensor, k: Tensor, v: Tensor, power: Tensor, 
     With ``K = [k+, k-]`` and ``Q = [q+, q-]`` (features scaled by their shifts), stream c
     (its value channels ``v_c``) is ``Q W_c`` with ``W_c = [K^T v_c / n, mean(K)]``, the
     rows of k+ and k- swapped for the opposite stream; the last column is the
-    denominator. Both streams share the products: one ``K^T [v, 1] / n`` for the key
-    summary and the key means, and one ``Q [W_1, W_2]`` for every numerator and both
-    denominators, so that graph runtimes read the (N, 2d) features once. The same
-    multiply-adds as the eager forms' (``K^T v`` and ``Q W``), which FLOP counters of a
-    trace count as the op's.
+    denominator. Both streams share the products, taken per sign: the key summaries
+    ``k+^T [v, 1] / n`` and ``k-^T [v, 1] / n`` (numerators and key means), and
+    ``q+ [W_1, W_2]+ + q- [W_1, W_2]-`` for every numerator and both denominators (the
+    rows of ``[W_1, W_2]`` that multiply q+, and those that multiply q-), so that no
+    (N, 2d) concatenation of the features is written: graph runtimes copy every
+    concatenation. The same multiply-adds as the eager forms' (``K^T v`` and ``Q W``),
+    which FLOP counters of a trace count as the op's.
 
     Args:
         q (Tensor): queries (B, h, N, d).
