@@ -118,15 +118,14 @@ def _polarity_features(x: Tensor, p: Tensor, log_scale: Optional[Tensor],
     return positive, positive - signed, shift
 
 
-def _stream_weights(same: Tensor, other: Tensor, d: int) -> Tensor:
-    """The (.., d, d + 2) right-hand side of both streams for the query features of one
-    sign, from the key summaries ``[K^T v, sum(K)] / n`` (.., d, d + 1) of the key
-    features of the same sign (``same``) and of the other sign (``other``): the
-    numerator columns of the same-signed stream (the first ``ceil(d/2)`` value channels,
-    against ``same``), those of the opposite-signed stream (the rest, against
-    ``other``), then the denominator column of each stream."""
+def _numerator_weights(same: Tensor, other: Tensor, d: int) -> Tensor:
+    """The (.., d, d) numerator weights of both streams for the query features of one
+    sign, from ``K^T v / n`` of the key features of the same sign (``same``) and of the
+    other sign (``other``): the same-signed stream's columns (the first ``ceil(d/2)``
+    value channels) against ``same``, the opposite-signed stream's (the rest) against
+    ``other``."""
     dv = value_split(d)
-    return torch.cat([same[..., :dv], other[..., dv:d], same[..., d:], other[..., d:]], dim=-1)
+    return torch.cat([same[..., :dv], other[..., dv:]], dim=-1)
 
 
 def _per_channel(numerators: Tensor, denominators: Tensor, d: int) -> Tensor:
@@ -152,13 +151,14 @@ def pola_linear_attention_plain(q: Tensor, k: Tensor, v: Tensor, power: Tensor, 
     With ``K = [k+, k-]`` and ``Q = [q+, q-]`` (features scaled by their shifts), stream c
     (its value channels ``v_c``) is ``Q W_c`` with ``W_c = [K^T v_c / n, mean(K)]``, the
     rows of k+ and k- swapped for the opposite stream; the last column is the
-    denominator. Both streams share the products, taken per sign: the key summaries
-    ``k+^T [v, 1] / n`` and ``k-^T [v, 1] / n`` (numerators and key means), and
-    ``q+ [W_1, W_2]+ + q- [W_1, W_2]-`` for every numerator and both denominators (the
-    rows of ``[W_1, W_2]`` that multiply q+, and those that multiply q-), so that no
-    (N, 2d) concatenation of the features is written: graph runtimes copy every
-    concatenation. The same multiply-adds as the eager forms' (``K^T v`` and ``Q W``),
-    which FLOP counters of a trace count as the op's.
+    denominator. The products are taken per sign of the features: ``k+^T v / n`` and
+    ``k-^T v / n`` and the key means of k+ and k-; every numerator of both streams as
+    ``q+ W+ + q- W-`` (W+ the (d, d) rows of the numerator columns that multiply q+, W-
+    those that multiply q-), and both denominators likewise from the key means. Graph
+    runtimes copy every concatenation and every slice, so no (N, 2d) features, no
+    (n, d + 1) values with a column of ones and no slices of one joint (N, d + 2)
+    product are written. The same multiply-adds as the eager forms' (``K^T v`` and
+    ``Q W``), which FLOP counters of a trace count as the op's.
 
     Args:
         q (Tensor): queries (B, h, N, d).
@@ -181,11 +181,19 @@ def pola_linear_attention_plain(q: Tensor, k: Tensor, v: Tensor, power: Tensor, 
     log_scale = None if scale is None else torch.log(scale)
     q_pos, q_neg, shift_q = _polarity_features(q, p, log_scale, per_row=True)  # (B, h, N, d)
     k_pos, k_neg, shift_k = _polarity_features(k, p, log_scale, per_row=False)  # (B, h, n, d)
-    values = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # (B, h, n, d + 1)
-    summary_pos = torch.matmul(k_pos.transpose(-2, -1), values) * (1. / k.shape[-2])
-    summary_neg = torch.matmul(k_neg.transpose(-2, -1), values) * (1. / k.shape[-2])
-    num_den = (torch.matmul(q_pos, _stream_weights(summary_pos, summary_neg, d)) +
-               torch.matmul(q_neg, _stream_weights(summary_neg, summary_pos, d)))  # (B, h, N, d + 2)
+    n = k.shape[-2]
+    ones = torch.ones(k.shape[0], k.shape[1], n, 1, dtype=k.dtype, device=k.device)
+    # per sign of the key features: K^T v / n (.., d, d) and the key means (.., d, 1),
+    # the means as products with a column of ones (a graph runtime's mean over the
+    # rows of a (n, d) tensor takes several times longer)
+    kv_pos = torch.matmul(k_pos.transpose(-2, -1), v) * (1. / n)
+    kv_neg = torch.matmul(k_neg.transpose(-2, -1), v) * (1. / n)
+    mean_pos = torch.matmul(k_pos.transpose(-2, -1), ones) * (1. / n)
+    mean_neg = torch.matmul(k_neg.transpose(-2, -1), ones) * (1. / n)
+    num = (torch.matmul(q_pos, _numerator_weights(kv_pos, kv_neg, d)) +
+           torch.matmul(q_neg, _numerator_weights(kv_neg, kv_pos, d)))  # (B, h, N, d)
+    den = (torch.matmul(q_pos, torch.cat([mean_pos, mean_neg], dim=-1)) +
+           torch.matmul(q_neg, torch.cat([mean_neg, mean_pos], dim=-1)))  # (B, h, N, 2)
     eps_scaled = torch.exp((-(shift_q + shift_k)).clamp_min(exp_floor(q.dtype)))
     eps_scaled = (eps_scaled * eps).clamp_min(torch.finfo(q.dtype).tiny)
-    return _per_channel(num_den[..., :d], num_den[..., d:] + eps_scaled, d)
+    return _per_channel(num, den + eps_scaled, d)
