@@ -5,9 +5,12 @@ role:
   exporter alone: ``part='backbone'``, the backbone's stage maps, or ``part='model'``, the
   tensor part of the whole model (no post-processing) (:class:`ExportableModel`,
   :func:`export_onnx`); :func:`build_model` builds and loads the model for every export;
-* :mod:`~polaformer_mm.deployment.blocked_mlp` -- the graph rewrite both exports apply:
-  the transformer MLPs of the written file run over blocks of tokens in a ``Scan``
-  (:func:`block_mlps`), the graph form of the eager ``mlp_gelu``;
+* :mod:`~polaformer_mm.deployment.graph_passes` -- what both exports do to the written
+  file (:func:`finish_graph_file`): empty trailing inputs dropped, so that onnxruntime
+  folds the patch embeddings' padding into their convolutions
+  (:func:`drop_omitted_inputs`), and the rewrite of
+  :mod:`~polaformer_mm.deployment.blocked_mlp`: the transformer MLPs over blocks of tokens
+  in a ``Scan`` (:func:`block_mlps`), the graph form of the eager ``mlp_gelu``;
 * :mod:`~polaformer_mm.deployment.rewrites` -- the project's mmdeploy rewrites for
   onnxruntime, one module per head family as mmdeploy lays them out, and adaptive pooling
   exact at every size (:func:`register_mmdeploy_rewrites`);
@@ -43,6 +46,7 @@ from .end2end import (DEPLOY_CONFIGS, MMDEPLOY_INSTALL, MMDEPLOY_VERSION, Deploy
                       End2EndExport, deploy_config_file, end2end_task, export_end2end,
                       folder_images, load_deploy_config, mmdeploy_missing, preprocess_image,
                       random_images, sample_images)
+from .graph_passes import drop_omitted_inputs, finish_graph, finish_graph_file
 from .export import (DEFAULT_OPSET, PARTS, ExportableModel, build_exportable, build_model,
                      check_onnx, export_onnx)
 from .rewrites import adaptive_avg_pool2d_matmul, register_mmdeploy_rewrites
@@ -55,5 +59,6 @@ __all__ = [
     'adaptive_avg_pool2d_matmul', 'compare_end2end', 'deploy_config_file', 'end2end_task',
     'export_end2end', 'folder_images', 'load_deploy_config', 'match_boxes', 'mmdeploy_missing',
     'preprocess_image', 'random_images', 'sample_images', 'register_mmdeploy_rewrites',
-    'BenchmarkRow', 'benchmark_run', 'block_mlps', 'block_mlps_file'
+    'BenchmarkRow', 'benchmark_run', 'block_mlps', 'block_mlps_file', 'drop_omitted_inputs',
+    'finish_graph', 'finish_graph_file'
 ]

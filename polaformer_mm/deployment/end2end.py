@@ -20,6 +20,7 @@ import torch.nn as nn
 
 from ..utils.capture import exportable
 from .export import DEFAULT_OPSET, build_model, traceable_upsampling
+from .graph_passes import finish_graph_file
 from .rewrites import register_mmdeploy_rewrites
 
 if TYPE_CHECKING:
@@ -335,7 +336,5 @@ def export_end2end(config: Union[str, 'Config'],
         deploy.onnx_config.input_shape = [int(inputs.shape[3]), int(inputs.shape[2])]
     traceable_upsampling(model)
     onnx_cfg = _mmdeploy_export(model, cfg, deploy, inputs, sample, path, opset)
-    if block_mlps:
-        from .blocked_mlp import block_mlps_file
-        block_mlps_file(path)
+    finish_graph_file(path, block_mlps=block_mlps)
     return End2EndExport(path, model, deploy, task, tuple(onnx_cfg['output_names']), dynamic)

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from ..utils.capture import exportable
 from ..utils.compat import TORCHSCRIPT_ONNX_EXPORT
+from .graph_passes import finish_graph_file
 
 if TYPE_CHECKING:
     from mmengine.config import Config
@@ -204,8 +205,9 @@ def export_onnx(module: nn.Module,
     """Export ``module`` (one image tensor in, a tuple of tensors out) to ``path`` with
     the TorchScript exporter, traced at a (1, in_channels, H, W) input, with the
     graph-capture switch set (:func:`polaformer_mm.utils.capture.exportable`); then the
-    graph's transformer MLPs run over blocks of tokens
-    (:func:`~polaformer_mm.deployment.blocked_mlp.block_mlps`).
+    file goes through :func:`~polaformer_mm.deployment.graph_passes.finish_graph_file`
+    (with the graph's transformer MLPs over blocks of tokens:
+    :func:`~polaformer_mm.deployment.blocked_mlp.block_mlps`).
 
     Args:
         module (nn.Module): e.g. an :class:`ExportableModel`, in eval mode.
@@ -251,9 +253,7 @@ def export_onnx(module: nn.Module,
             opset_version=opset,
             do_constant_folding=True,
             **TORCHSCRIPT_ONNX_EXPORT)
-    if block_mlps:
-        from .blocked_mlp import block_mlps_file
-        block_mlps_file(path)
+    finish_graph_file(path, block_mlps=block_mlps)
     return names
 
 

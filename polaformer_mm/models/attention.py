@@ -16,7 +16,7 @@ from torch import Tensor
 from ..ops import pola_linear_attention
 from ..ops.pola_attention.checks import check_alpha
 from .utils import (check_sizes, conv_token_map, depthwise_conv, nchw_to_nlc, nlc_to_nchw,
-                    pad_to_multiple, resize_token_grid, softmax_attention, token_rows)
+                    pad_for_patches, resize_token_grid, softmax_attention, token_rows)
 
 FAMILIES = ('pvt', 'swin')
 
@@ -62,7 +62,7 @@ class SpatialReduction(nn.Module):
 
     def forward(self, x: Tensor, hw_shape: Sequence[int]) -> Tuple[Tensor, Tuple[int, int]]:
         """Reduced tokens and their grid (see the class docstring)."""
-        x = conv_token_map(self.sr, pad_to_multiple(nlc_to_nchw(x, hw_shape), self.ratio))
+        x = conv_token_map(self.sr, pad_for_patches(nlc_to_nchw(x, hw_shape), self.ratio))
         kv_hw = (x.shape[2], x.shape[3])
         return self.norm(nchw_to_nlc(x)), kv_hw
 

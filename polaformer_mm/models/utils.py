@@ -9,11 +9,13 @@ makes that choice itself, once, and the layers only call it:
 * :func:`captured_blocks`: a stage's blocks, or in a graph capture each in the form
   given for graphs (Pola-PVTv2's softmax blocks);
 * :func:`pad_to_multiple`: padding by amounts the graph computes (always, possibly by 0);
+* :func:`pad_for_patches`: the padding before a patchifying convolution, or a constant
+  one that graph runtimes fold into the convolution;
 * :func:`token_rows`: a per-token layer on (..., C) tokens, or on the tokens flattened
   to (T, C) rows (a linear layer is then one ``Gemm`` with its bias, where a 3-D input
   records a ``MatMul`` and a separate ``Add``);
-* :func:`resize_token_grid`: interpolation by cached matrices, or ``F.interpolate``
-  (bilinear) and matrix products with recorded interpolation matrices (bicubic);
+* :func:`resize_token_grid`: interpolation by cached matrices, or matrix products with
+  interpolation matrices recorded in the graph;
 * :class:`StagePositionalEncodings`: resized encodings cached per grid, or recorded;
 * :func:`window_layout`: the Swin window layout cached per size, or recorded;
 * :func:`depthwise_conv`: :func:`~polaformer_mm.ops.depthwise_conv2d`, or ``F.conv2d``;
@@ -78,17 +80,22 @@ def token_rows(layer: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
 
 
 def nlc_to_nchw(x: Tensor, hw_shape: Sequence[int]) -> Tensor:
-    """Tokens (B, H*W, C) -> map (B, C, H, W)."""
+    """Tokens (B, H*W, C) -> map (B, C, H, W): a channels-last view of contiguous tokens.
+    In a graph the 4-D ``Transpose`` comes last, so that it writes a graph output itself
+    (a ``Reshape`` into an output is a copy)."""
     H, W = hw_shape
     B, N, C = x.shape
     check_sizes(lambda: None if N == H * W else f'token count {N} does not match the grid '
                 f'{H}x{W}')
-    return x.transpose(1, 2).reshape(B, C, H, W)
+    return x.reshape(B, H, W, C).permute(0, 3, 1, 2)
 
 
 def nchw_to_nlc(x: Tensor) -> Tensor:
-    """Map (B, C, H, W) -> tokens (B, H*W, C)."""
-    return x.flatten(2).transpose(1, 2)
+    """Map (B, C, H, W) -> tokens (B, H*W, C): a view of a channels-last map. In a graph
+    the 4-D ``Transpose`` to channels-last comes first, which onnxruntime folds into the
+    layout change after a convolution."""
+    B, C, H, W = x.shape
+    return x.permute(0, 2, 3, 1).reshape(B, H * W, C)
 
 
 def pad_to_multiple(x: Tensor, multiple: int) -> Tensor:
@@ -100,6 +107,19 @@ def pad_to_multiple(x: Tensor, multiple: int) -> Tensor:
     if graph_capture() or pad_h or pad_w:
         x = F.pad(x, (0, pad_w, 0, pad_h))
     return x
+
+
+def pad_for_patches(x: Tensor, patch: int) -> Tensor:
+    """Zero-pad a (B, C, H, W) map on the bottom/right for a convolution with kernel =
+    stride = ``patch`` that covers every pixel (``ceil(H / patch)`` windows): eagerly to
+    multiples of ``patch`` (:func:`pad_to_multiple`); under a graph capture by ``patch -
+    1`` on both sides, whatever the size. The convolution's windows and output are the
+    same (the extra zeros lie past its last window), and a constant padding is one that
+    graph runtimes fold into the convolution (onnxruntime does), where a padding by
+    amounts the graph computes is a copy of the whole map."""
+    if not graph_capture():
+        return pad_to_multiple(x, patch)
+    return F.pad(x, (0, patch - 1, 0, patch - 1)) if patch > 1 else x
 
 
 def conv_token_map(conv: nn.Conv2d, x: Tensor) -> Tensor:
@@ -138,24 +158,20 @@ def _captured_interpolation_matrix(src: int, dst, mode: str, like: Tensor) -> Te
 
 def _captured_resize_token_grid(tokens: Tensor, src_hw: Tuple[int, int], dst_hw: Sequence,
                                 mode: str) -> Tensor:
-    """:func:`resize_token_grid` in a graph capture, for any ``dst_hw`` the graph computes.
-
-    'bilinear': ``F.interpolate`` itself (one Resize). 'bicubic': two matrix products with
-    the interpolation matrices of the axes, themselves resizes of identities in the graph
-    (:func:`_captured_interpolation_matrix`): the same weights, and the same results up to
-    rounding, where a runtime's bicubic Resize of the whole (T, C, Hd, Wd) grid can take
-    many times longer (onnxruntime's does).
+    """:func:`resize_token_grid` in a graph capture, for any ``dst_hw`` the graph computes:
+    two matrix products with the interpolation matrices of the axes, themselves resizes of
+    identities in the graph (:func:`_captured_interpolation_matrix`), the columns of the
+    small source grid first. The same weights as ``F.interpolate``'s, and the same results
+    up to rounding, where a runtime's Resize of the whole (T, C, Hd, Wd) grid can take many
+    times longer (onnxruntime's bicubic one does) and its channels-first result needs a
+    ``Transpose`` to the token layout; the second product writes the tokens directly.
     """
     T, _, C = tokens.shape
     (Hs, Ws), (Hd, Wd) = src_hw, dst_hw
-    if mode != 'bicubic':
-        grid = tokens.reshape(T, Hs, Ws, C).permute(0, 3, 1, 2)
-        grid = F.interpolate(grid, size=(Hd, Wd), mode=mode, align_corners=False)
-        return grid.flatten(2).transpose(1, 2)
     rows = _captured_interpolation_matrix(Hs, Hd, mode, tokens)
     cols = _captured_interpolation_matrix(Ws, Wd, mode, tokens)
-    x = torch.matmul(rows, tokens.reshape(T, Hs, Ws * C))  # (T, Hd, Ws*C)
-    x = torch.matmul(cols, x.reshape(-1, Ws, C))  # (T*Hd, Wd, C)
+    x = torch.matmul(cols, tokens.reshape(T * Hs, Ws, C))  # (T*Hs, Wd, C)
+    x = torch.matmul(rows, x.reshape(T, Hs, -1))  # (T, Hd, Wd*C)
     return x.reshape(T, -1, C)
 
 
@@ -169,9 +185,9 @@ def resize_token_grid(tokens: Tensor, src_hw: Sequence[int], dst_hw: Sequence[in
     (cached per size), in the token layout: no channels-first copies, and a
     backward pass that is two matrix products too (the CPU backward of
     ``F.interpolate`` is a slow scatter). Returned as they are when the grids agree.
-    Under a graph capture (FLOP counting, export, ``torch.compile``) it is
-    ``F.interpolate`` itself, one recorded operator, at every call (also where the
-    grids agree at capture time: a captured ``dst_hw`` stands for any size), and no
+    Under a graph capture (FLOP counting, export, ``torch.compile``) the matrices are
+    computed in the graph (:func:`_captured_resize_token_grid`) at every call (also where
+    the grids agree at capture time: a captured ``dst_hw`` stands for any size), and no
     matrix is cached.
     """
     src_hw, dst_hw = tuple(src_hw), tuple(dst_hw)
@@ -194,12 +210,12 @@ class StagePositionalEncodings:
     """The positional encodings of a stage's Pola blocks on the runtime key grid.
 
     All ``P`` that need resizing to the same grid are resized in one bicubic call
-    (gradients still reach every block's own ``P``). With gradients off (inference)
-    the result is kept per key grid until a ``P`` changes (its version counter),
-    device or dtype; with gradients on it is computed at every call. Under a graph
-    capture (trace, export, ``torch.compile``) every ``P`` is resized by a recorded
-    operator, whatever the grids at capture time (a captured grid stands for any
-    size), and nothing is cached or read from the cache.
+    (gradients still reach every block's own ``P``); under a graph capture each alone.
+    With gradients off (inference) the result is kept per key grid until a ``P`` changes
+    (its version counter), device or dtype; with gradients on it is computed at every
+    call. Under a graph capture (trace, export, ``torch.compile``) every ``P`` is
+    resized by recorded operators, whatever the grids at capture time (a captured grid
+    stands for any size), and nothing is cached or read from the cache.
     """
 
     def __init__(self):
@@ -234,8 +250,13 @@ class StagePositionalEncodings:
             # the key grid follows from the reduction
             groups.setdefault((m.pos_grid, m.sr_ratio), []).append(i)
         for (src, _), indices in groups.items():
-            stacked = torch.cat([modules[i].positional_encoding for i in indices])
             dst = modules[indices[0]].key_grid(hw_shape)
+            if capture:  # each alone: a graph runtime copies the parts of a split
+                for i in indices:
+                    out[i] = resize_token_grid(
+                        modules[i].positional_encoding, src, dst, mode='bicubic')
+                continue
+            stacked = torch.cat([modules[i].positional_encoding for i in indices])
             resized = resize_token_grid(stacked, src, dst, mode='bicubic')
             for i, encoding in zip(indices, resized.split(1)):
                 out[i] = encoding
@@ -355,7 +376,7 @@ class PatchEmbed(nn.Module):
 
     def forward(self, x: Tensor) -> Tuple[Tensor, Tuple[int, int]]:
         """Patch tokens and their grid (see the class docstring)."""
-        x = conv_token_map(self.proj, pad_to_multiple(x, self.patch_size))
+        x = conv_token_map(self.proj, pad_for_patches(x, self.patch_size))
         hw_shape = (x.shape[2], x.shape[3])
         return self.norm(nchw_to_nlc(x)), hw_shape
 

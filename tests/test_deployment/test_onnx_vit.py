@@ -77,16 +77,16 @@ def test_flops_count_the_attention(attn_types, flop_table):
     analyzer.set_op_handle(**{op: (lambda inputs, outputs: 0) for op in attention})
     # a 4 x 6 patch grid and the class token; two heads of 16 channels
     N, n, d, h, C = 4 * 6, 4 * 6 + 1, 16, 2, 32
-    # the key summary K^T [v, 1] (the key means as its last column), queries times it
+    # the key summaries K^T v and the key means, queries times them
     pola = h * (2 * d * n * (d + 1) + N * 2 * d * (d + 2))
     cls_softmax = h * (1 * n * 2 * d)  # q k^T and the weighted sum of one query
     softmax = h * (n * n * 2 * d)
-    # a bicubic resize of the 4 x 4 grid to 4 x 6 (the position embedding; the 'L'
-    # blocks' P, all at once) as two products with interpolation matrices, as mmengine
-    # counts a matmul: rows (4, 4) times (4, 4 * C), columns (6, 4) times (4, C)
-    resize = 4 * 4 * 4 * C + 6 * 4 * C
+    # a bicubic resize of the 4 x 4 grid to 4 x 6 (the position embedding; the P of
+    # every 'L' block) as two products with interpolation matrices, as mmengine counts
+    # a matmul: columns (6, 4) times (4, C), then rows (4, 4) times (4, 6 * C)
+    resize = 6 * 4 * C + 4 * 4 * 6 * C
     kinds = model.attn_types  # one letter per block
     expected = (
-        kinds.count('L') * (pola + cls_softmax) + kinds.count('S') * softmax + resize +
-        (resize if 'L' in kinds else 0))
+        kinds.count('L') * (pola + cls_softmax + resize) + kinds.count('S') * softmax +
+        resize)
     assert row['flops'] - analyzer.total() == expected

@@ -19,7 +19,8 @@ from torch import Tensor
 from ...ops import pola_linear_attention
 from ..attention import PolaLinearAttention, linear_parts, merge_heads, split_heads
 from ..utils import (StagePositionalEncodings, check_sizes, drop_path_rates, nlc_to_nchw,
-                     pad_to_multiple, resize_token_grid, run_blocks, softmax_attention)
+                     pad_for_patches, pad_to_multiple, resize_token_grid, run_blocks,
+                     softmax_attention)
 from .base import PolaBackboneBase, check_positive_int, check_probability, is_int
 
 #: The interpolation modes of the position embeddings (separable, see
@@ -31,15 +32,21 @@ class ViTPatchEmbed(PatchEmbed):
     """mmcv's ``PatchEmbed`` as mmpretrain's ViT builds it (a conv with kernel = stride,
     'corner' padding: the bottom / right zero-padded to a multiple of the patch, so the
     grid is ``ceil(H / patch)``), its padding done by
-    :func:`~polaformer_mm.models.utils.pad_to_multiple` so that a captured graph pads
-    by the amounts of any input size.
+    :func:`~polaformer_mm.models.utils.pad_for_patches` so that a captured graph pads
+    for any input size (by :func:`~polaformer_mm.models.utils.pad_to_multiple` for a
+    kernel other than the stride).
 
     Input: images (B, C, H, W). Output: tokens (B, h*w, embed_dims) and (h, w).
     """
 
     def forward(self, x: Tensor) -> Tuple[Tensor, Tuple[int, int]]:
         """Patch tokens and their grid."""
-        x = self.projection(pad_to_multiple(x, self.projection.stride[0]))
+        conv = self.projection
+        stride = conv.stride[0]
+        if tuple(conv.kernel_size) == tuple(conv.stride) == (stride, stride):
+            x = conv(pad_for_patches(x, stride))
+        else:
+            x = conv(pad_to_multiple(x, stride))
         return x.flatten(2).transpose(1, 2), (x.shape[2], x.shape[3])
 
 

@@ -94,9 +94,9 @@ def exp_floor(dtype: torch.dtype) -> float:
 
 def _polarity_features(x: Tensor, p: Tensor, log_scale: Optional[Tensor],
                        per_row: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    """``(x+, x-, M)``: the polarity features of ``x / scale`` times ``exp(-M)``, ``M`` the largest ``p log|x / scale|`` of the row
-    (``per_row``) or of the last two dims, at least 0; exponents floored at
-    :func:`exp_floor`.
+    """``(x+, x-, M)``: the polarity features of ``x / scale`` times ``exp(-M)``, ``M``
+    the largest ``p log|x / scale|`` of the row (``per_row``) or of the last two dims, at
+    least 0; exponents floored at :func:`exp_floor`.
 
     The sign is taken as ``x / max(|x|, tiny)`` (the magnitude the logarithm takes):
     ``sign(x)`` but for subnormal ``x``, whose features lie below ``tiny`` either way.
