@@ -46,9 +46,9 @@ from .end2end import (DEPLOY_CONFIGS, MMDEPLOY_INSTALL, MMDEPLOY_VERSION, Deploy
                       End2EndExport, deploy_config_file, end2end_task, export_end2end,
                       folder_images, load_deploy_config, mmdeploy_missing, preprocess_image,
                       random_images, sample_images)
-from .graph_passes import drop_omitted_inputs, finish_graph, finish_graph_file
 from .export import (DEFAULT_OPSET, PARTS, ExportableModel, build_exportable, build_model,
                      check_onnx, export_onnx)
+from .graph_passes import drop_omitted_inputs, finish_graph, finish_graph_file
 from .rewrites import adaptive_avg_pool2d_matmul, register_mmdeploy_rewrites
 
 __all__ = [

@@ -67,10 +67,11 @@ def test_padding_folds_into_the_patch_convolution(tmp_path):
     assert len(pads) == 1
     trailing = sum(1 for n in onnx.load(path).graph.node if n.input and not n.input[-1])
 
-    assert finish_graph_file(path, block_mlps=False) == {
-        'omitted_inputs': trailing,
-        'blocked_mlps': 0
-    }
+    assert finish_graph_file(
+        path, block_mlps=False) == {
+            'omitted_inputs': trailing,
+            'blocked_mlps': 0
+        }
     assert finish_graph_file(path, block_mlps=False)['omitted_inputs'] == 0  # nothing left
     assert all(n.input[-1] for n in onnx.load(path).graph.node if n.input)
     assert 'Pad' not in _optimized_ops(path, tmp_path)

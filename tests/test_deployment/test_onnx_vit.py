@@ -87,6 +87,5 @@ def test_flops_count_the_attention(attn_types, flop_table):
     resize = 6 * 4 * C + 4 * 4 * 6 * C
     kinds = model.attn_types  # one letter per block
     expected = (
-        kinds.count('L') * (pola + cls_softmax + resize) + kinds.count('S') * softmax +
-        resize)
+        kinds.count('L') * (pola + cls_softmax + resize) + kinds.count('S') * softmax + resize)
     assert row['flops'] - analyzer.total() == expected

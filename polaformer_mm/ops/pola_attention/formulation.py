@@ -190,10 +190,10 @@ def pola_linear_attention_plain(q: Tensor, k: Tensor, v: Tensor, power: Tensor, 
     kv_neg = torch.matmul(k_neg.transpose(-2, -1), v) * (1. / n)
     mean_pos = torch.matmul(k_pos.transpose(-2, -1), ones) * (1. / n)
     mean_neg = torch.matmul(k_neg.transpose(-2, -1), ones) * (1. / n)
-    num = (torch.matmul(q_pos, _numerator_weights(kv_pos, kv_neg, d)) +
-           torch.matmul(q_neg, _numerator_weights(kv_neg, kv_pos, d)))  # (B, h, N, d)
-    den = (torch.matmul(q_pos, torch.cat([mean_pos, mean_neg], dim=-1)) +
-           torch.matmul(q_neg, torch.cat([mean_neg, mean_pos], dim=-1)))  # (B, h, N, 2)
+    num = (torch.matmul(q_pos, _numerator_weights(kv_pos, kv_neg, d))
+           + torch.matmul(q_neg, _numerator_weights(kv_neg, kv_pos, d)))  # (B, h, N, d)
+    den = (torch.matmul(q_pos, torch.cat([mean_pos, mean_neg], dim=-1))
+           + torch.matmul(q_neg, torch.cat([mean_neg, mean_pos], dim=-1)))  # (B, h, N, 2)
     eps_scaled = torch.exp((-(shift_q + shift_k)).clamp_min(exp_floor(q.dtype)))
     eps_scaled = (eps_scaled * eps).clamp_min(torch.finfo(q.dtype).tiny)
     return _per_channel(num, den + eps_scaled, d)
