@@ -32,8 +32,9 @@ The exports record a trace with the TorchScript exporter and set the graph-captu
 plain tensor formulations, so that every size-dependent step is in the graph and one file
 serves any input size. The graphs use the operators of opset 11 (mmdeploy's default).
 Those plain forms are also laid out for graph runtimes (token-wise layers on 2-D rows,
-one ``Gemm`` each; the attention's products shared by its two streams; bicubic resizes as
-matrix products), with the results of the eager forms up to rounding.
+one ``Gemm`` each; the attention's products taken per sign of the features, without
+concatenations or slices of its intermediates; resizes as matrix products; paddings the
+runtime folds into convolutions), with the results of the eager forms up to rounding.
 
 Importing the package imports neither mmdeploy nor mmdet / mmseg: the end-to-end export
 imports mmdeploy and registers the rewrites when it runs.
