@@ -13,6 +13,7 @@ torch's TorchScript exporter alone (no mmdeploy).
 :func:`build_model` builds and loads the model for every export, the end-to-end one
 (:mod:`polaformer_mm.deployment.end2end`) too.
 """
+import copy
 import os.path as osp
 import warnings
 from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple, Union
@@ -155,10 +156,17 @@ def build_model(config: Union[str, 'Config'], checkpoint: Optional[str] = None) 
 
     cfg = config if isinstance(config, Config) else load_config(config)
     init_default_scope(task_of(cfg))
-    model_cfg = cfg.model.copy()
+    model_cfg = copy.deepcopy(cfg.model)  # the caller's config stays as it is
     backbone_cfg = model_cfg.get('backbone', {})
-    if checkpoint is None and isinstance(backbone_cfg, dict):
-        backbone_cfg.pop('init_cfg', None)
+    if checkpoint is None:
+        # pretrained files named by the config are not read: the backbone's init_cfg, and
+        # the `pretrained` keys that mmseg's segmentors and backbones turn into one
+        if model_cfg.get('pretrained') is not None:
+            model_cfg['pretrained'] = None
+        if isinstance(backbone_cfg, dict):
+            backbone_cfg.pop('init_cfg', None)
+            if backbone_cfg.get('pretrained') is not None:
+                backbone_cfg['pretrained'] = None
     model = MODELS.build(model_cfg)
     if checkpoint is None:
         model.init_weights()

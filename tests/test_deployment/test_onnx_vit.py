@@ -89,3 +89,22 @@ def test_flops_count_the_attention(attn_types, flop_table):
     expected = (
         kinds.count('L') * (pola + cls_softmax + resize) + kinds.count('S') * softmax + resize)
     assert row['flops'] - analyzer.total() == expected
+
+
+def test_build_model_reads_no_pretrained_file():
+    """Without a checkpoint, build_model gives the model's initialisation and reads no
+    pretrained file the config names: mmseg's DeiT baseline names one by ``model.pretrained``
+    (which mmseg turns into the backbone's init_cfg), a file that is not here."""
+    import os.path as osp
+
+    from polaformer_mm.deployment import build_model
+    from polaformer_mm.engine.entry import load_config
+    from .. import REPO
+    cfg = load_config(
+        osp.join(REPO, 'configs', 'pola_vit', 'upernet_deit-s16_8xb2-160k_ade20k-512x512.py'))
+    assert cfg.model.pretrained and not osp.exists(osp.join(REPO, cfg.model.pretrained))
+    model = build_model(cfg)
+    assert not model.training
+    assert type(model.backbone).__name__ == 'VisionTransformer'
+    # the caller's config is left as it was
+    assert cfg.model.pretrained and 'init_cfg' not in cfg.model.backbone
