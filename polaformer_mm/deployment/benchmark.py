@@ -8,8 +8,9 @@ need opset 13 or later for ``aten::unflatten``; the Pola models take mmdeploy's 
 times both runtimes on it (:func:`~.checks.time_runs`, :func:`~.checks.time_end2end`).
 A run that fails for any other reason gives a row with the reason instead of times, so
 that one bad config does not stop a table. :func:`format_markdown` and :func:`write_json`
-write the table; :func:`quiet_model_logs` keeps mmengine's model logs (every module's
-``init_weights`` line) and the exporters' warnings off the terminal.
+write the table, and :func:`cpu_description` names the processor the times were taken on
+(which runtime is faster depends on it); :func:`quiet_model_logs` keeps mmengine's model
+logs (every module's ``init_weights`` line) and the exporters' warnings off the terminal.
 """
 import contextlib
 import io
@@ -17,13 +18,14 @@ import json
 import logging
 import os
 import os.path as osp
+import platform
 import sys
 import warnings
 from typing import Iterator, NamedTuple, Optional, Sequence
 
 __all__ = [
     'PARTS', 'OPSETS', 'BenchmarkRow', 'benchmark_run', 'format_markdown', 'write_json',
-    'quiet_model_logs', 'missing_operator_opset'
+    'quiet_model_logs', 'missing_operator_opset', 'cpu_description'
 ]
 
 #: What a run exports: the backbone's stage maps, the tensor part of the model, or the
@@ -51,6 +53,38 @@ class BenchmarkRow(NamedTuple):
         if self.torch_s is None or not self.onnxruntime_s:
             return None
         return self.torch_s / self.onnxruntime_s
+
+
+#: Vector extensions, widest first, as /proc/cpuinfo flags them (x86 ``flags``, Arm
+#: ``Features``), with the name printed for each.
+_VECTOR_EXTENSIONS = (('avx512f', 'AVX-512'), ('avx2', 'AVX2'), ('avx', 'AVX'),
+                      ('sse4_2', 'SSE4.2'), ('sve', 'SVE'), ('asimd', 'NEON'))
+
+
+def cpu_description(cpuinfo: Optional[str] = None) -> str:
+    """The processor's model and its widest vector extension, e.g. ``'AMD EPYC, AVX-512'``.
+
+    Read from ``cpuinfo`` (default: the text of ``/proc/cpuinfo`` where there is one): the
+    first ``model name`` (x86) or ``Model`` / ``Hardware`` line (Arm), and the widest of
+    :data:`_VECTOR_EXTENSIONS` among the first ``flags`` / ``Features`` line. Elsewhere
+    (macOS, Windows) ``platform.processor()``, then ``platform.machine()``, then ``'?'``.
+    """
+    if cpuinfo is None:
+        try:
+            with open('/proc/cpuinfo') as f:
+                cpuinfo = f.read()
+        except OSError:
+            cpuinfo = ''
+    fields = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(':')
+        if sep:
+            fields.setdefault(key.strip().lower(), value.strip())
+    model = next((fields[k] for k in ('model name', 'model', 'hardware') if fields.get(k)), '')
+    model = model or platform.processor() or platform.machine() or '?'
+    flags = set((fields.get('flags') or fields.get('features') or '').split())
+    widest = next((name for flag, name in _VECTOR_EXTENSIONS if flag in flags), None)
+    return f'{model}, {widest}' if widest else model
 
 
 def missing_operator_opset(error: BaseException) -> bool:

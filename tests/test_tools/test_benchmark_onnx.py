@@ -34,6 +34,40 @@ def test_only_missing_operators_move_to_the_next_opset():
     assert not benchmark.missing_operator_opset(FileNotFoundError('config file not found'))
 
 
+X86 = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC 9R14
+flags\t\t: fpu sse4_2 avx avx2 avx512f avx512bw
+
+processor\t: 1
+model name\t: AMD EPYC 9R14
+flags\t\t: fpu sse4_2 avx avx2 avx512f avx512bw
+"""
+ARM = """processor\t: 0
+BogoMIPS\t: 243.75
+Features\t: fp asimd evtstrm aes sve
+CPU implementer\t: 0x41
+"""
+
+
+@pytest.mark.parametrize('cpuinfo, described', [
+    (X86, 'AMD EPYC 9R14, AVX-512'),
+    (X86.replace(' avx512f avx512bw', ''), 'AMD EPYC 9R14, AVX2'),
+    (X86.replace('sse4_2 avx avx2 avx512f avx512bw', ''), 'AMD EPYC 9R14'),
+])
+def test_cpu_is_named_with_its_widest_vector_extension(cpuinfo, described):
+    assert benchmark.cpu_description(cpuinfo) == described
+
+
+def test_cpu_without_a_model_line_falls_back_to_the_platform(monkeypatch):
+    monkeypatch.setattr(benchmark.platform, 'processor', lambda: '')
+    monkeypatch.setattr(benchmark.platform, 'machine', lambda: 'aarch64')
+    assert benchmark.cpu_description(ARM) == 'aarch64, SVE'
+    assert benchmark.cpu_description('') == 'aarch64'
+    monkeypatch.setattr(benchmark.platform, 'machine', lambda: '')
+    assert benchmark.cpu_description('') == '?'
+
+
 @pytest.mark.parametrize('args, message', [
     (['a.py', '64'], 'CONFIG H W triples'),
     (['a.py', '64', 'x'], 'no integer H W'),
@@ -78,6 +112,8 @@ def test_run_goes_on_past_a_failure_and_writes_markdown_and_json(tmp_path, capsy
 
     data = json.loads(js.read_text())
     assert 'onnxruntime' in data['env']['header']
+    assert data['env']['cpu'] == benchmark.cpu_description()
+    assert f"CPUs ({data['env']['cpu']})" in data['env']['header']
     assert [r['config'] for r in data['rows']] == [
         'mask-rcnn_pola-pvt-nano_fpn_synthetic.py', 'no_such_config.py',
         'mask-rcnn_pvt-t_fpn_1x_coco.py'

@@ -21,8 +21,9 @@ Both runtimes run one (1, 3, H, W) image at a time on this machine, in this one 
 PyTorch with its default thread count and onnxruntime with ``--threads`` (default: the
 same count); the medians of ``--repeats`` timed runs after ``--warmup`` untimed ones are
 printed as a Markdown table with the PyTorch / onnxruntime ratio, under a line naming the
-versions, the threads and the load average (before and after), which says how quiet the
-machine was. The exports run their transformer MLPs over blocks of tokens
+versions, the threads, the processor (its model and widest vector extension: which
+runtime is faster depends on it) and the load average (before and after), which says how
+quiet the machine was. The exports run their transformer MLPs over blocks of tokens
 (``polaformer_mm.deployment.blocked_mlp``) as every export of the project does;
 ``--no-block-mlps`` times the graphs as traced instead. One progress line per export goes
 to stderr; the models' logs are kept at warning level. ``--out-md`` / ``--out-json`` write
@@ -31,7 +32,6 @@ the table and its rows.
 import argparse
 import os
 import os.path as osp
-import platform
 import sys
 import tempfile
 from typing import List, Optional
@@ -95,7 +95,7 @@ def _header(args, threads: int, load_before, load_after) -> str:
     import onnxruntime
     return (f'torch {torch.__version__} ({torch.get_num_threads()} threads), onnxruntime '
             f'{onnxruntime.__version__} ({threads} threads), {os.cpu_count()} CPUs '
-            f'({platform.processor() or "?"}), load average {load_before[0]:.1f} before, '
+            f'({benchmark.cpu_description()}), load average {load_before[0]:.1f} before, '
             f'{load_after[0]:.1f} after; median of {args.repeats} runs after {args.warmup} '
             f'untimed; MLPs {"as traced" if args.no_block_mlps else "over blocks of tokens"}')
 
@@ -132,8 +132,12 @@ def main(argv: Optional[List[str]] = None) -> List[benchmark.BenchmarkRow]:
                     f'{" ".join(sys.argv[1:] if argv is None else argv)}\n\n{header}\n\n'
                     f'{table}\n')
     if args.out_json:
-        benchmark.write_json(args.out_json, rows,
-                             dict(header=header, argv=sys.argv[1:] if argv is None else argv))
+        benchmark.write_json(
+            args.out_json, rows,
+            dict(
+                header=header,
+                cpu=benchmark.cpu_description(),
+                argv=sys.argv[1:] if argv is None else argv))
     return rows
 
 
