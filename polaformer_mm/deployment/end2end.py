@@ -22,6 +22,7 @@ from ..utils.capture import exportable
 from .export import DEFAULT_OPSET, build_model, traceable_upsampling
 from .graph_passes import finish_graph_file
 from .rewrites import register_mmdeploy_rewrites
+from .window_scan import window_attention_scopes
 
 if TYPE_CHECKING:
     from mmengine.config import Config
@@ -336,5 +337,5 @@ def export_end2end(config: Union[str, 'Config'],
         deploy.onnx_config.input_shape = [int(inputs.shape[3]), int(inputs.shape[2])]
     traceable_upsampling(model)
     onnx_cfg = _mmdeploy_export(model, cfg, deploy, inputs, sample, path, opset)
-    finish_graph_file(path, block_mlps=block_mlps)
+    finish_graph_file(path, block_mlps=block_mlps, window_scopes=window_attention_scopes(model))
     return End2EndExport(path, model, deploy, task, tuple(onnx_cfg['output_names']), dynamic)

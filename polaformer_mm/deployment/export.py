@@ -26,6 +26,7 @@ from torch import Tensor
 from ..utils.capture import exportable
 from ..utils.compat import TORCHSCRIPT_ONNX_EXPORT
 from .graph_passes import finish_graph_file
+from .window_scan import window_attention_scopes
 
 if TYPE_CHECKING:
     from mmengine.config import Config
@@ -261,14 +262,19 @@ def export_onnx(module: nn.Module,
             opset_version=opset,
             do_constant_folding=True,
             **TORCHSCRIPT_ONNX_EXPORT)
-    finish_graph_file(path, block_mlps=block_mlps)
+    finish_graph_file(path, block_mlps=block_mlps, window_scopes=window_attention_scopes(module))
     return names
 
 
 def check_onnx(path: str) -> List[str]:
     """Run onnx's checker on the file (full check, with shape inference); returns the
-    sorted operator types of the graph."""
+    sorted operator types of the graph, those in the bodies of its ``Scan`` nodes (and
+    any other subgraph) included."""
     import onnx
     onnx.checker.check_model(path, full_check=True)
-    graph = onnx.load(path, load_external_data=False).graph
-    return sorted({node.op_type for node in graph.node})
+    found, graphs = set(), [onnx.load(path, load_external_data=False).graph]
+    while graphs:
+        for node in graphs.pop().node:
+            found.add(node.op_type)
+            graphs.extend(a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH)
+    return sorted(found)

@@ -14,7 +14,9 @@ from mmengine.registry import MODELS
 from torch import Tensor
 
 from ..ops import pola_linear_attention
+from ..ops.pola_attention.channels_first import pola_linear_attention_channels_first
 from ..ops.pola_attention.checks import check_alpha
+from ..utils.capture import onnx_export
 from .utils import (check_sizes, conv_token_map, depthwise_conv, nchw_to_nlc, nlc_to_nchw,
                     pad_for_patches, resize_token_grid, softmax_attention, token_rows)
 
@@ -95,6 +97,24 @@ def linear_parts(layer: nn.Linear, x: Tensor, parts: int) -> List[Tensor]:
     biases = [None] * parts if layer.bias is None else layer.bias.chunk(parts)
     weights = layer.weight.chunk(parts)
     return [token_rows(partial(F.linear, weight=w, bias=b), x) for w, b in zip(weights, biases)]
+
+
+def _with_ones(x: Tensor) -> Tensor:
+    """Tokens (B, N, C) with a column of ones appended: (B, N, C + 1)."""
+    return torch.cat([x, x.new_ones(x.shape[0], x.shape[1], 1)], dim=-1)
+
+
+def _projection(rows: Tuple[Tensor, Optional[Tensor]], tokens: Tensor) -> Tensor:
+    """``W tokens^T + b`` (B, C_out, N) of ``rows`` = (W, b (C_out, 1) or None); tokens
+    (B, N, C_in), or (B, N, C_in + 1) with a column of ones (:func:`_with_ones`), which
+    the bias then multiplies inside the product."""
+    weight, bias = rows
+    if tokens.shape[-1] == weight.shape[-1] + 1:
+        if bias is None:
+            return torch.matmul(weight, tokens[..., :-1].transpose(-2, -1))
+        return torch.matmul(torch.cat([weight, bias], dim=1), tokens.transpose(-2, -1))
+    out = torch.matmul(weight, tokens.transpose(-2, -1))
+    return out if bias is None else out + bias
 
 
 @MODELS.register_module()
@@ -283,13 +303,100 @@ class PolaLinearAttention(nn.Module):
                 padding_mask: Optional[Tensor] = None,
                 pos_encoding: Optional[Tensor] = None) -> Tensor:
         """Attend over the tokens ``x`` (B, H*W, C) laid out on ``hw_shape``;
-        the arguments are those of :meth:`project`. Returns (B, H*W, C)."""
+        the arguments are those of :meth:`project`. Returns (B, H*W, C). An ONNX
+        export records :meth:`forward_channels_first`, the same result in the layout
+        graph runtimes run fastest."""
+        if onnx_export():
+            return self.forward_channels_first(x, hw_shape, padding_mask, pos_encoding)
         (q, k, v, g, eps, _), scale = self._project(
             x, hw_shape, padding_mask, pos_encoding, divide=False)
         out = pola_linear_attention(q, k, v, self.power, self.alpha, eps, scale=scale)
         out = merge_heads(out, self.num_heads)
         out = token_rows(self.proj, (out + self.local_term(v, hw_shape)) * g)
         return self.proj_drop(out)
+
+    def _rows(self, role: str, divisor: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
+        """The weight (C, C) and bias (C, 1) of one role of :meth:`projection_rows`,
+        divided by ``divisor`` (C, 1) when given (bias None: the layer has none)."""
+        name, rows = self.projection_rows()[role]
+        layer = getattr(self, name)
+        weight = layer.weight[rows]
+        bias = None if layer.bias is None else layer.bias[rows].view(-1, 1)
+        if divisor is not None:
+            weight = weight / divisor
+            bias = None if bias is None else bias / divisor
+        return weight, bias
+
+    def forward_channels_first(self,
+                               x: Tensor,
+                               hw_shape: Sequence[int],
+                               padding_mask: Optional[Tensor] = None,
+                               pos_encoding: Optional[Tensor] = None) -> Tensor:
+        """:meth:`forward` (same arguments, same result up to rounding) with heads laid
+        out channels first, the form an ONNX export records.
+
+        The projections are products ``W x^T`` (B, C, N): ``softplus(scale)`` folded
+        into the query and key rows, the biases of the others a column of ``W`` that
+        meets a row of ones under ``x^T`` (no pass of their own).
+        :func:`~polaformer_mm.ops.pola_attention.channels_first.pola_linear_attention_channels_first`
+        takes their per-head views, the depthwise conv the values as the (B, C, H, W)
+        map they already are, the output projection the result as ``W_o y``; the one
+        transpose is that of the output to tokens. Padding tokens are weights of the
+        key means, their values zero (see
+        :mod:`~polaformer_mm.ops.pola_attention.channels_first`).
+        """
+        B, N, C = x.shape
+        H, W = hw_shape
+        h, d = self.num_heads, self.head_dims
+        check_sizes(lambda: None if N == H * W and C == self.embed_dims else
+                    f'PolaLinearAttention expects (B, {H}*{W}, {self.embed_dims}) tokens for '
+                    f'hw_shape {tuple(hw_shape)}; got {tuple(x.shape)}')
+        if padding_mask is not None and self.family != 'swin':
+            raise ValueError("padding_mask needs keys on the query grid (the 'swin' family)")
+        x_kv, kv_hw = x, (H, W)
+        if self.family == 'pvt' and self.reduction is not None:
+            x_kv, kv_hw = self.reduction(x, hw_shape)
+        if pos_encoding is None:
+            pos_encoding = resize_token_grid(
+                self.positional_encoding, self.pos_grid, kv_hw, mode='bicubic')
+        n = x_kv.shape[1]
+        scale = F.softplus(self.scale).view(C, 1)
+        with_ones = _with_ones(x)
+        q = _projection(self._rows('q', scale), with_ones)
+        g = _projection(self._rows('g', None), with_ones)
+        v = _projection(self._rows('v', None), with_ones if x_kv is x else _with_ones(x_kv))
+        weight, bias = self._rows('k', scale)
+        k = _projection((weight, None), x_kv)  # P is added before the division
+        shift = pos_encoding.reshape(n, C).t() / scale
+        k = k + (shift if bias is None else bias + shift)
+        eps, key_weights = 1e-6, None
+        if padding_mask is not None:
+            check_sizes(lambda: None if padding_mask.shape == (B, N) else
+                        f'padding_mask must be ({B}, {N}), got {tuple(padding_mask.shape)}')
+            keep = (~padding_mask).to(x.dtype).view(B, 1, N)
+            v = v * keep
+            key_weights = keep.view(B, 1, N, 1)
+            eps = keep.sum(dim=2).view(B, 1, 1, 1) * (eps / N)
+        out = pola_linear_attention_channels_first(
+            q.view(B, h, d, N), k.view(B, h, d, n), v.view(B, h, d, n), self.power, self.alpha, eps,
+            key_weights)
+        y = (out.reshape(B, C, N) + self._local_term_channels_first(v, hw_shape)) * g
+        y = torch.matmul(self.proj.weight, y)
+        if self.proj.bias is not None:
+            y = y + self.proj.bias.view(C, 1)
+        y = y.transpose(1, 2).contiguous()
+        return self.proj_drop(y)
+
+    def _local_term_channels_first(self, v: Tensor, hw_shape: Sequence[int]) -> Tensor:
+        """:meth:`local_term` of channels-first values ``v`` (B, C, n): (B, C, H*W)."""
+        B, C, n = v.shape
+        H, W = hw_shape
+        h, d = self.num_heads, self.head_dims
+        if self.sr_ratio > 1:  # as local_term: 1-D linear stretch of the key sequence
+            v = F.interpolate(v.reshape(B * h, d, n), size=H * W, mode='linear')
+        v = v.reshape(B, C, H, W)
+        bias = None if self.dwc.bias is None else self.dwc.bias.repeat(h)
+        return depthwise_conv(v, self.dwc.weight.repeat(h, 1, 1, 1), bias).reshape(B, C, H * W)
 
     def local_term(self, v: Tensor, hw_shape: Sequence[int]) -> Tensor:
         """The depthwise conv of the values ``v`` (B, h, n, d) on the query grid

@@ -27,7 +27,7 @@ import torch
 
 from .compat import is_compiling, is_exporting
 
-__all__ = ['is_exportable', 'set_exportable', 'exportable', 'graph_capture']
+__all__ = ['is_exportable', 'set_exportable', 'exportable', 'graph_capture', 'onnx_export']
 
 _exportable = False
 
@@ -76,3 +76,13 @@ def graph_capture() -> bool:
     eager-only fast paths (autograd Functions, in-place blocks), no branches on sizes."""
     return bool(_exportable or torch.jit.is_tracing() or torch.jit.is_scripting()
                 or torch.onnx.is_in_onnx_export() or is_compiling() or is_exporting())
+
+
+def onnx_export() -> bool:
+    """Whether an ONNX exporter (either one) records the running code: a case of
+    :func:`graph_capture` in which layers take the form an exported graph runs fastest
+    in, where it has one (the channels-first attention of
+    :meth:`~polaformer_mm.models.PolaLinearAttention.forward_channels_first`). A graph
+    runtime copies the whole tensor at every transpose, which a trace for ``torch.compile``
+    would fuse away."""
+    return bool(torch.onnx.is_in_onnx_export())

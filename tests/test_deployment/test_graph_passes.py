@@ -70,7 +70,8 @@ def test_padding_folds_into_the_patch_convolution(tmp_path):
     assert finish_graph_file(
         path, block_mlps=False) == {
             'omitted_inputs': trailing,
-            'blocked_mlps': 0
+            'blocked_mlps': 0,
+            'scanned_windows': 0
         }
     assert finish_graph_file(path, block_mlps=False)['omitted_inputs'] == 0  # nothing left
     assert all(n.input[-1] for n in onnx.load(path).graph.node if n.input)

@@ -125,6 +125,13 @@ class SwinBlock(BaseModule):
         self.norm2 = build_norm_layer(norm_cfg, embed_dims)[1]
         self.mlp = Mlp(embed_dims, int(embed_dims * mlp_ratio), drop=drop_rate, act_cfg=act_cfg)
 
+    @property
+    def pola_windows(self) -> bool:
+        """Whether the block's Pola attention attends within windows: it takes the
+        windows of the map as its batch, which an export runs one window at a time
+        (:mod:`polaformer_mm.deployment.window_scan`)."""
+        return self.uses_pola and self.window_size is not None
+
     def _window_attention(self, x: Tensor, hw_shape: Sequence[int]) -> Tensor:
         """Attention within the (shifted) windows of the map (``window_size``), the
         layout and masks of :func:`~polaformer_mm.models.utils.window_layout`: the map

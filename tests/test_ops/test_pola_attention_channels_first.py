@@ -1,0 +1,119 @@
+"""The channels-first form of the op (what an ONNX export records) gives the plain
+formulation's results: any head width (even, odd, one channel), padding keys given as key
+weights (with zero values) in place of zero keys, a tensor eps, magnitudes far from 1,
+half precision computed in float32; and the module's channels-first forward gives its
+forward for both projection families, with and without spatial reduction and padding."""
+import pytest
+import torch
+
+from polaformer_mm.models import PolaLinearAttention
+from polaformer_mm.ops.pola_attention import pola_linear_attention_plain
+from polaformer_mm.ops.pola_attention.channels_first import pola_linear_attention_channels_first
+
+
+def _heads_first(t):  # (B, h, d, T) -> (B, h, T, d)
+    return t.transpose(-2, -1)
+
+
+def _inputs(B=2, h=3, N=37, n=23, d=8, dtype=torch.float64, seed=0, magnitude=1.0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, h, d, T, generator=g, dtype=dtype) * magnitude for T in (N, n, n))
+    power = torch.randn(1, h, 1, d, generator=g, dtype=dtype)
+    return q, k, v, power
+
+
+def _plain(q, k, v, power, alpha, eps):
+    out = pola_linear_attention_plain(
+        _heads_first(q), _heads_first(k), _heads_first(v), power, alpha, eps, None)
+    return _heads_first(out)
+
+
+@pytest.mark.parametrize('d', [8, 7, 1, 32])
+@pytest.mark.parametrize('alpha', [1.0, 4.0])
+def test_equals_the_plain_formulation(d, alpha):
+    q, k, v, power = _inputs(d=d)
+    got = pola_linear_attention_channels_first(q, k, v, power, alpha, 1e-6)
+    assert got.shape == q.shape
+    torch.testing.assert_close(got, _plain(q, k, v, power, alpha, 1e-6), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize('magnitude', [1e-3, 30.0])
+def test_far_magnitudes_in_float32(magnitude):
+    q, k, v, power = _inputs(d=16, dtype=torch.float32, magnitude=magnitude)
+    got = pola_linear_attention_channels_first(q, k, v, power, 4.0, 1e-6)
+    want = _plain(*(t.double() for t in (q, k, v, power)), 4.0, 1e-6)
+    assert torch.isfinite(got).all()
+    assert float((got - want).abs().max() / want.abs().max()) < 1e-5
+
+
+def test_key_weights_stand_for_zero_padding_keys():
+    """Keys marked 0 by ``key_weights`` (with zero values, any key) give the plain op's
+    result on keys set to zero there, with eps scaled per entry as the modules scale it."""
+    q, k, v, power = _inputs(B=3, n=20, d=6)
+    keep = torch.ones(3, 1, 20, 1, dtype=q.dtype)
+    keep[1, :, 12:] = 0
+    keep[2, :, ::3] = 0
+    mask = keep.view(3, 1, 1, 20)
+    v = v * mask
+    eps = keep.sum(dim=2).view(3, 1, 1, 1) * (1e-6 / 20)
+    padding_keys = torch.where(mask > 0, k, k * 7.0 + 1)  # any keys where the weight is 0
+    got = pola_linear_attention_channels_first(q, padding_keys, v, power, 4.0, eps, keep)
+    want = _plain(q, k * mask, v, power, 4.0, eps)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_eps_per_head():
+    q, k, v, power = _inputs(h=2, d=4, magnitude=1e-3)
+    eps = torch.tensor([1e-6, 1e-2], dtype=q.dtype).view(1, 2, 1, 1)
+    torch.testing.assert_close(
+        pola_linear_attention_channels_first(q, k, v, power, 4.0, eps),
+        _plain(q, k, v, power, 4.0, eps))
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_half_precision_is_computed_in_float32(dtype):
+    q, k, v, power = _inputs(d=8, dtype=torch.float32, magnitude=20.0)
+    got = pola_linear_attention_channels_first(*(t.to(dtype) for t in (q, k, v)), power, 4.0, 1e-6)
+    assert got.dtype == dtype and torch.isfinite(got).all()
+    want = _plain(*(t.to(dtype).double() for t in (q, k, v)), power.double(), 4.0, 1e-6)
+    torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize(
+    'family, sr_ratio, channels, heads, hw, padded',
+    [
+        ('swin', 1, 24, 3, (8, 8), True),
+        ('swin', 1, 16, 2, (5, 7), False),
+        ('swin', 1, 9, 1, (4, 4), True),  # odd head width
+        ('pvt', 2, 16, 1, (9, 7), False),
+        ('pvt', 1, 20, 2, (6, 5), False),
+    ])
+def test_module_forward_channels_first_equals_forward(family, sr_ratio, channels, heads, hw,
+                                                      padded):
+    torch.manual_seed(0)
+    module = PolaLinearAttention(channels, heads, (4, 4), sr_ratio=sr_ratio, family=family).eval()
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0, 0.3)
+    B, N = 3, hw[0] * hw[1]
+    x = torch.randn(B, N, channels)
+    padding = None
+    if padded:
+        padding = torch.zeros(B, N, dtype=torch.bool)
+        padding[1, -5:] = True
+        padding[2, ::2] = True
+    with torch.no_grad():
+        want = module(x, hw, padding_mask=padding)
+        got = module.forward_channels_first(x, hw, padding_mask=padding)
+    real = torch.ones(B, N, dtype=torch.bool) if padding is None else ~padding
+    assert got.shape == want.shape and got.is_contiguous()
+    assert float((got - want)[real].abs().max() / want[real].abs().max()) < 1e-5
+
+
+def test_module_channels_first_names_bad_input():
+    module = PolaLinearAttention(16, 2, (4, 4), sr_ratio=2, family='pvt')
+    with pytest.raises(ValueError, match=r'expects \(B, 4\*4, 16\) tokens'):
+        module.forward_channels_first(torch.randn(1, 15, 16), (4, 4))
+    with pytest.raises(ValueError, match='padding_mask needs keys on the query grid'):
+        module.forward_channels_first(
+            torch.randn(1, 16, 16), (4, 4), padding_mask=torch.zeros(1, 16, dtype=torch.bool))
