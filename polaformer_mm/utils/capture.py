@@ -16,7 +16,9 @@ sets the switch for the duration::
     with exportable():
         graph = my_tracer(model, images)
 
-The project's export tools (:mod:`polaformer_mm.deployment`) do so themselves. The
+The project's export tools (:mod:`polaformer_mm.deployment`) do so themselves. Under an
+ONNX export (:func:`onnx_export`) the Pola attention modules take a third form, written for
+graph runtimes (channels first, no head transposes). The
 switch is global to the process, as timm's ``set_exportable``; :func:`exportable` puts
 the previous value back on exit.
 """

@@ -88,8 +88,10 @@ def test_run_goes_on_past_a_failure_and_writes_markdown_and_json(tmp_path, capsy
         NANO, '64', '64', f'{REPO}/configs/no_such_config.py', '64', '64', PVT_T, '64', '64',
         '--parts', 'backbone', '--repeats', '1', '--warmup', '0', '--threads', '1', '--out-md',
         str(md), '--out-json',
-        str(js)
+        str(js), '--work-dir',
+        str(tmp_path / 'made' / 'here')
     ])
+    assert len(list((tmp_path / 'made' / 'here').glob('*.onnx'))) == 2  # made, and kept
     out, err = capsys.readouterr()
     assert [r.error is None for r in rows] == [True, False, True]
     # the Pola model at mmdeploy's opset, mmdet's PVT at the first that has unflatten

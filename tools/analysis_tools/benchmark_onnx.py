@@ -71,7 +71,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         help='export the MLPs as traced, not over blocks of tokens (the rewrite every export '
         'applies by default)')
     parser.add_argument(
-        '--work-dir', default=None, help='where the .onnx files go (default: a temporary folder)')
+        '--work-dir',
+        default=None,
+        help='where the .onnx files go, made if missing (default: a temporary folder)')
     parser.add_argument('--out-md', default=None, help='write the table (Markdown) here')
     parser.add_argument('--out-json', default=None, help='write the rows (JSON) here')
     args = parser.parse_args(argv)
@@ -112,6 +114,7 @@ def main(argv: Optional[List[str]] = None) -> List[benchmark.BenchmarkRow]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp, benchmark.quiet_model_logs():
         folder = args.work_dir or tmp
+        os.makedirs(folder, exist_ok=True)
         for i in range(0, len(args.runs), 3):
             config, shape = args.runs[i], (int(args.runs[i + 1]), int(args.runs[i + 2]))
             for part in args.parts:

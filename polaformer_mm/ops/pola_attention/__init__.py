@@ -18,6 +18,10 @@ of it:
   the exact scheme (:mod:`.exact_scheme`) for the rows the shared shifts
   (:mod:`.shared_shifts`) lose at large ``alpha``.
 
+An ONNX export of the attention modules records a fourth form, which the modules call
+themselves: :func:`~.channels_first.pola_linear_attention_channels_first`, the same maths on
+heads laid out channels first, written for graph runtimes (:mod:`.channels_first`).
+
 The reference forms (the official order of operations, the explicit N x n weights, the
 log-domain form) are in :mod:`.reference`; the argument checks in :mod:`.checks`.
 """
@@ -30,13 +34,14 @@ from torch import Tensor
 from ...utils.capture import graph_capture
 from ...utils.compat import is_autocast_enabled, is_compiling
 from . import triton_backend
+from .channels_first import pola_linear_attention_channels_first
 from .checks import ALPHA_MAX, EpsType, check_inputs
 from .formulation import pola_exponent, pola_linear_attention_plain
 from .function import pola_linear_attention_blocked
 
 __all__ = [
     'pola_linear_attention', 'set_default_backend', 'BACKENDS', 'ALPHA_MAX', 'pola_exponent',
-    'pola_linear_attention_plain'
+    'pola_linear_attention_plain', 'pola_linear_attention_channels_first'
 ]
 
 #: Names accepted by ``backend=`` and :func:`set_default_backend`.
