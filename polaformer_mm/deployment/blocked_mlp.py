@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..ops.blocked_mlp import BLOCK_ELEMENTS
 
-__all__ = ['block_mlps', 'block_mlps_file', 'BLOCK_ELEMENTS']
+__all__ = ['block_mlps', 'block_mlps_file', 'renamed_nodes', 'BLOCK_ELEMENTS']
 
 
 class _Graph:
@@ -156,6 +156,22 @@ def _find_mlps(g: _Graph) -> List[Tuple[List, str, str, int, int, int]]:
     return found
 
 
+def renamed_nodes(nodes: Sequence, renamed: Dict[str, str]) -> List:
+    """Copies of ``nodes`` (same operators, attributes, names and domains) whose inputs and
+    outputs named in ``renamed`` take the new names: the body of a ``Scan`` that runs them."""
+    from onnx import helper
+    copies = []
+    for node in nodes:
+        copy = helper.make_node(
+            node.op_type, [renamed.get(i, i) for i in node.input],
+            [renamed.get(o, o) for o in node.output],
+            name=node.name,
+            domain=node.domain)
+        copy.attribute.extend(node.attribute)
+        copies.append(copy)
+    return copies
+
+
 def _scan_nodes(prefix: str, nodes: Sequence, x: str, y: str, c_in: int, c_out: int, elem_type: int,
                 block_rows: int) -> Tuple[List, List]:
     """(nodes, initializers) computing ``y`` from ``x`` (..., c_in) by ``nodes`` over
@@ -183,15 +199,7 @@ def _scan_nodes(prefix: str, nodes: Sequence, x: str, y: str, c_in: int, c_out: 
     # the body: the chain's nodes, renamed to read the block and write its output
     inner_in, inner_out = n('block_in'), n('block_out')
     renamed = {x: inner_in, y: inner_out}
-    body_nodes = []
-    for node in nodes:
-        copy = helper.make_node(
-            node.op_type, [renamed.get(i, i) for i in node.input],
-            [renamed.get(o, o) for o in node.output],
-            name=node.name,
-            domain=node.domain)
-        copy.attribute.extend(node.attribute)
-        body_nodes.append(copy)
+    body_nodes = renamed_nodes(nodes, renamed)
     body = helper.make_graph(body_nodes, n('body'),
                              [helper.make_tensor_value_info(inner_in, elem_type, [None, c_in])],
                              [helper.make_tensor_value_info(inner_out, elem_type, [None, c_out])])

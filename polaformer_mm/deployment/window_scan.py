@@ -23,6 +23,8 @@ from typing import Dict, List, Optional, Sequence, Set
 
 from torch import nn
 
+from .blocked_mlp import renamed_nodes
+
 __all__ = ['window_attention_scopes', 'scan_windows']
 
 
@@ -94,14 +96,7 @@ def _rewrite_scope(graph, outside: List, index: int, nodes: List, constants: Set
         shape = None if rank is None else [None] * (rank - 1)
         body_inputs.append(helper.make_tensor_value_info(f'{prefix}/{name}', elem, shape))
         body_nodes.append(_axes_node('Unsqueeze', f'{prefix}/{name}', renamed[name], opset, axes))
-    for node in nodes:
-        copy = helper.make_node(
-            node.op_type, [renamed.get(i, i) for i in node.input],
-            [renamed.get(o, o) for o in node.output],
-            name=node.name,
-            domain=node.domain)
-        copy.attribute.extend(node.attribute)
-        body_nodes.append(copy)
+    body_nodes.extend(renamed_nodes(nodes, renamed))
     rank, elem = ranks[y]
     body_nodes.append(_axes_node('Squeeze', renamed[y], f'{prefix}/{y}', opset, axes))
     body = helper.make_graph(
