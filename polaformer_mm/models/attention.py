@@ -395,8 +395,15 @@ class PolaLinearAttention(nn.Module):
         if self.sr_ratio > 1:  # as local_term: 1-D linear stretch of the key sequence
             v = F.interpolate(v.reshape(B * h, d, n), size=H * W, mode='linear')
         v = v.reshape(B, C, H, W)
+        return self._depthwise_all_heads(v).reshape(B, C, H * W)
+
+    def _depthwise_all_heads(self, v: Tensor) -> Tensor:
+        """``dwc`` (one kernel shared by the heads) on a (B, C, H, W) map of all
+        C = h*d channels: the kernel repeated per head (channel head * d + j uses
+        kernel j)."""
+        h = self.num_heads
         bias = None if self.dwc.bias is None else self.dwc.bias.repeat(h)
-        return depthwise_conv(v, self.dwc.weight.repeat(h, 1, 1, 1), bias).reshape(B, C, H * W)
+        return depthwise_conv(v, self.dwc.weight.repeat(h, 1, 1, 1), bias)
 
     def local_term(self, v: Tensor, hw_shape: Sequence[int]) -> Tensor:
         """The depthwise conv of the values ``v`` (B, h, n, d) on the query grid
@@ -417,9 +424,7 @@ class PolaLinearAttention(nn.Module):
             v = v.reshape(B, C, H, W).contiguous(memory_format=torch.channels_last)
         else:
             v = merge_heads(v, h).reshape(B, H, W, C).permute(0, 3, 1, 2)
-        bias = None if self.dwc.bias is None else self.dwc.bias.repeat(h)
-        v = depthwise_conv(v, self.dwc.weight.repeat(h, 1, 1, 1), bias)
-        return v.permute(0, 2, 3, 1).reshape(B, N, C)
+        return self._depthwise_all_heads(v).permute(0, 2, 3, 1).reshape(B, N, C)
 
 
 class SpatialReductionAttention(nn.Module):
