@@ -99,14 +99,14 @@ def linear_parts(layer: nn.Linear, x: Tensor, parts: int) -> List[Tensor]:
     return [token_rows(partial(F.linear, weight=w, bias=b), x) for w, b in zip(weights, biases)]
 
 
-def _with_ones(x: Tensor) -> Tensor:
+def with_ones(x: Tensor) -> Tensor:
     """Tokens (B, N, C) with a column of ones appended: (B, N, C + 1)."""
     return torch.cat([x, x.new_ones(x.shape[0], x.shape[1], 1)], dim=-1)
 
 
-def _projection(rows: Tuple[Tensor, Optional[Tensor]], tokens: Tensor) -> Tensor:
+def channels_first_projection(rows: Tuple[Tensor, Optional[Tensor]], tokens: Tensor) -> Tensor:
     """``W tokens^T + b`` (B, C_out, N) of ``rows`` = (W, b (C_out, 1) or None); tokens
-    (B, N, C_in), or (B, N, C_in + 1) with a column of ones (:func:`_with_ones`), which
+    (B, N, C_in), or (B, N, C_in + 1) with a column of ones (:func:`with_ones`), which
     the bias then multiplies inside the product."""
     weight, bias = rows
     if tokens.shape[-1] == weight.shape[-1] + 1:
@@ -361,12 +361,13 @@ class PolaLinearAttention(nn.Module):
                 self.positional_encoding, self.pos_grid, kv_hw, mode='bicubic')
         n = x_kv.shape[1]
         scale = F.softplus(self.scale).view(C, 1)
-        with_ones = _with_ones(x)
-        q = _projection(self._rows('q', scale), with_ones)
-        g = _projection(self._rows('g', None), with_ones)
-        v = _projection(self._rows('v', None), with_ones if x_kv is x else _with_ones(x_kv))
+        tokens = with_ones(x)
+        q = channels_first_projection(self._rows('q', scale), tokens)
+        g = channels_first_projection(self._rows('g', None), tokens)
+        v = channels_first_projection(
+            self._rows('v', None), tokens if x_kv is x else with_ones(x_kv))
         weight, bias = self._rows('k', scale)
-        k = _projection((weight, None), x_kv)  # P is added before the division
+        k = channels_first_projection((weight, None), x_kv)  # P is added before the division
         shift = pos_encoding.reshape(n, C).t() / scale
         k = k + (shift if bias is None else bias + shift)
         eps, key_weights = 1e-6, None
@@ -381,11 +382,16 @@ class PolaLinearAttention(nn.Module):
             q.view(B, h, d, N), k.view(B, h, d, n), v.view(B, h, d, n), self.power, self.alpha, eps,
             key_weights)
         y = (out.reshape(B, C, N) + self._local_term_channels_first(v, hw_shape)) * g
+        return self._output_tokens(y)
+
+    def _output_tokens(self, y: Tensor) -> Tensor:
+        """The output projection ``W_o y + b`` of channels-first ``y`` (B, C, N), as
+        tokens (B, N, C) (the one transpose of :meth:`forward_channels_first`), then
+        ``proj_drop``."""
         y = torch.matmul(self.proj.weight, y)
         if self.proj.bias is not None:
-            y = y + self.proj.bias.view(C, 1)
-        y = y.transpose(1, 2).contiguous()
-        return self.proj_drop(y)
+            y = y + self.proj.bias.view(-1, 1)
+        return self.proj_drop(y.transpose(1, 2).contiguous())
 
     def _local_term_channels_first(self, v: Tensor, hw_shape: Sequence[int]) -> Tensor:
         """:meth:`local_term` of channels-first values ``v`` (B, C, n): (B, C, H*W)."""

@@ -195,21 +195,24 @@ def test_deit_tiny_mixed_blocks_forward():
     assert all(torch.isfinite(o).all() for o in outs)
 
 
-def test_class_token_attention_is_as_documented():
+@pytest.mark.parametrize('qkv_bias', [True, False])
+def test_class_token_attention_is_as_documented(qkv_bias):
     """An 'L' attention of (1 + H*W) tokens: the patch queries by the Pola maths over
     all keys (the class token's without P) plus the local term on the grid, the class
     query by softmax over the same keys, one gate and projection for all; checked
-    against the explicit-weights form of the maths (float64)."""
+    against the explicit-weights form of the maths (float64), in the eager form and in
+    the channels-first form an ONNX export records."""
     torch.manual_seed(0)
     H, W, C, h = 3, 5, 16, 2
     d = C // h
-    attn = PolaViTAttention(C, h, pos_grid=(4, 4)).double()
+    attn = PolaViTAttention(C, h, pos_grid=(4, 4), qkv_bias=qkv_bias).double()
     with torch.no_grad():
         for p in attn.parameters():
             p.normal_(0, 0.3)
     x = torch.randn(2, 1 + H * W, C, dtype=torch.float64)
     with torch.no_grad():
         got = attn(x, (H, W))
+        got_channels_first = attn.forward_channels_first(x, (H, W))
         q, k, v, g = attn.qkvg(x).chunk(4, dim=-1)
         pos = resize_token_grid(attn.positional_encoding, (4, 4), (H, W), 'bicubic')
         k = torch.cat([k[:, :1], k[:, 1:] + pos], dim=1)
@@ -228,8 +231,11 @@ def test_class_token_attention_is_as_documented():
         out[:, 1:] += local.reshape(2, h * d, H * W).transpose(1, 2)
         want = attn.proj(out * g)
     torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
-    with pytest.raises(ValueError, match=r'expects \(B, 1 \+ 3\*5, 16\) tokens'):
-        attn(x[:, 1:], (H, W))
+    torch.testing.assert_close(got_channels_first, want, rtol=1e-9, atol=1e-9)
+    assert got_channels_first.is_contiguous()
+    for form in (attn, attn.forward_channels_first):
+        with pytest.raises(ValueError, match=r'expects \(B, 1 \+ 3\*5, 16\) tokens'):
+            form(x[:, 1:], (H, W))
 
 
 def _pola_extra_per_block(C, heads, grid, kernel_size=5):

@@ -5,6 +5,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from mmcv.cnn.bricks import DropPath
 from mmcv.cnn.bricks.transformer import PatchEmbed
 from mmengine.logging import MMLogger
@@ -17,7 +18,10 @@ from mmpretrain.models.utils import MultiheadAttention, build_norm_layer
 from torch import Tensor
 
 from ...ops import pola_linear_attention
-from ..attention import PolaLinearAttention, linear_parts, merge_heads, split_heads
+from ...ops.pola_attention import pola_linear_attention_channels_first
+from ...utils.capture import onnx_export
+from ..attention import (PolaLinearAttention, channels_first_projection, linear_parts, merge_heads,
+                         split_heads, with_ones)
 from ..utils import (StagePositionalEncodings, check_sizes, drop_path_rates, nlc_to_nchw,
                      pad_for_patches, pad_to_multiple, resize_token_grid, run_blocks,
                      softmax_attention)
@@ -113,12 +117,9 @@ class PolaViTAttention(PolaLinearAttention):
                 pos_encoding: Optional[Tensor] = None) -> Tensor:
         """Attend (see the class docstring); ``pos_encoding``: ``P`` already on the
         patch grid (1, H*W, C), or None to resize it here."""
-        B, L, C = x.shape
-        H, W = hw_shape
-        check_sizes(lambda: None if L == H * W + 1 else
-                    f'PolaViTAttention expects (B, 1 + {H}*{W}, {self.embed_dims}) tokens '
-                    f'(the class token first) for hw_shape {tuple(hw_shape)}; got '
-                    f'{tuple(x.shape)}')
+        if onnx_export():
+            return self.forward_channels_first(x, hw_shape, pos_encoding)
+        self._check_tokens(x, hw_shape)
         (q, k, v, g, eps, _), scale = self._project(
             x[:, 1:], hw_shape, pos_encoding=pos_encoding, divide=False)
         h, d = self.num_heads, self.head_dims
@@ -131,6 +132,55 @@ class PolaViTAttention(PolaLinearAttention):
         out_cls = merge_heads(out_cls, h)
         out = torch.cat([out_cls * g_cls, out * g], dim=1)
         return self.proj_drop(self.proj(out))
+
+    def _check_tokens(self, x: Tensor, hw_shape: Sequence[int]) -> None:
+        """A clear error unless ``x`` is (B, 1 + H*W, C) for ``hw_shape``."""
+        H, W = hw_shape
+
+        def error() -> Optional[str]:
+            if x.dim() == 3 and tuple(x.shape[1:]) == (H * W + 1, self.embed_dims):
+                return None
+            return (f'PolaViTAttention expects (B, 1 + {H}*{W}, {self.embed_dims}) tokens '
+                    f'(the class token first) for hw_shape {tuple(hw_shape)}; got '
+                    f'{tuple(x.shape)}')
+
+        check_sizes(error)
+
+    def forward_channels_first(self,
+                               x: Tensor,
+                               hw_shape: Sequence[int],
+                               pos_encoding: Optional[Tensor] = None) -> Tensor:
+        """:meth:`forward` (same arguments, same result up to rounding) in the
+        channels-first form an ONNX export records, that of
+        :meth:`PolaLinearAttention.forward_channels_first
+        <polaformer_mm.models.attention.PolaLinearAttention.forward_channels_first>`:
+        all 1 + H*W tokens projected at once as ``W x^T`` (B, C, 1 + H*W), queries
+        and keys divided by ``softplus(scale)`` in the weights, ``P`` added to the
+        patch keys alone. The class query's softmax takes the same divided keys, its
+        own query multiplied by ``softplus(scale)^2`` (so that each channel's product
+        is that of the undivided query and key)."""
+        self._check_tokens(x, hw_shape)
+        B, L, C = x.shape
+        H, W = hw_shape
+        h, d = self.num_heads, self.head_dims
+        if pos_encoding is None:
+            pos_encoding = resize_token_grid(
+                self.positional_encoding, self.pos_grid, (H, W), mode='bicubic')
+        scale = F.softplus(self.scale).view(C, 1)
+        tokens = with_ones(x)
+        q = channels_first_projection(self._rows('q', scale), tokens)
+        k = channels_first_projection(self._rows('k', scale), tokens)
+        v = channels_first_projection(self._rows('v', None), tokens)
+        g = channels_first_projection(self._rows('g', None), tokens)
+        k = k + F.pad(pos_encoding.reshape(H * W, C).t() / scale, (1, 0))  # no P on the class key
+        keys, values = k.view(B, h, d, L), v.view(B, h, d, L)
+        out = pola_linear_attention_channels_first(q[:, :, 1:].reshape(B, h, d, H * W), keys,
+                                                   values, self.power, self.alpha, 1e-6)
+        out = out.reshape(B, C, H * W) + self._local_term_channels_first(v[:, :, 1:], hw_shape)
+        q_cls = (q[:, :, :1] * (scale * scale)).reshape(B, h, 1, d)
+        weights = torch.softmax(torch.matmul(q_cls, keys) * d**-0.5, dim=-1)  # (B, h, 1, L)
+        out_cls = torch.matmul(values, weights.transpose(-2, -1)).reshape(B, C, 1)
+        return self._output_tokens(torch.cat([out_cls, out], dim=2) * g)
 
 
 class ViTBlock(TransformerEncoderLayer):
