@@ -1,16 +1,19 @@
-"""onnxruntime (CPU) against PyTorch eager, one config, size and part at a time: the rows
-of ``tools/analysis_tools/benchmark_onnx.py``.
+"""onnxruntime (CPU) against PyTorch eager, config by config: the rows of
+``tools/analysis_tools/benchmark_onnx.py``.
 
 :func:`benchmark_run` exports one part of a config (:func:`~.export.export_onnx` for
 ``backbone`` / ``tensor``, :func:`~.end2end.export_end2end` for ``end2end``) at the first
 opset of ``opsets`` that has every operator of the model (the softmax baselines of mmdet
 need opset 13 or later for ``aten::unflatten``; the Pola models take mmdeploy's 11) and
-times both runtimes on it (:func:`~.checks.time_runs`, :func:`~.checks.time_end2end`).
-A run that fails for any other reason gives a row with the reason instead of times, so
-that one bad config does not stop a table. :func:`format_markdown` and :func:`write_json`
-write the table, and :func:`cpu_description` names the processor the times were taken on
-(which runtime is faster depends on it); :func:`quiet_model_logs` keeps mmengine's model
-logs (every module's ``init_weights`` line) and the exporters' warnings off the terminal.
+times both runtimes on it, their calls in turn (:func:`~.checks.runners`,
+:func:`~.checks.end2end_runners`). Its two steps, :func:`prepare_run` (the export) and
+:func:`time_prepared` (the timing), let a table time all its rows in rounds, so that the
+ratios between rows hold on a machine whose speed drifts. A run that fails for any other
+reason gives a row with the reason instead of times, so that one bad config does not stop
+a table. :func:`format_markdown` and :func:`write_json` write the table,
+:func:`cpu_description` names the processor the times were taken on (which runtime is
+faster depends on it), and :func:`quiet_model_logs` keeps mmengine's model logs (every
+module's ``init_weights`` line) and the exporters' warnings off the terminal.
 """
 import contextlib
 import io
@@ -21,11 +24,15 @@ import os.path as osp
 import platform
 import sys
 import warnings
-from typing import Iterator, NamedTuple, Optional, Sequence
+from functools import partial
+from typing import Callable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
 
 __all__ = [
     'PARTS', 'OPSETS', 'BenchmarkRow', 'benchmark_run', 'format_markdown', 'write_json',
-    'quiet_model_logs', 'missing_operator_opset', 'cpu_description'
+    'quiet_model_logs', 'missing_operator_opset', 'cpu_description', 'PreparedRun', 'prepare_run',
+    'time_prepared'
 ]
 
 #: What a run exports: the backbone's stage maps, the tensor part of the model, or the
@@ -132,20 +139,109 @@ def _output_discarded() -> Iterator[None]:
             os.close(fd)
 
 
-def _export_and_time(config: str, part: str, shape, path: str, opset: int, repeats: int,
-                     warmup: int, threads: Optional[int], block_mlps: bool):
-    """(what, times) of one export at ``opset``."""
-    from .checks import time_end2end, time_runs
+def _export(config: str, part: str, shape, path: str, opset: int,
+            block_mlps: bool) -> Tuple[str, Callable[[Optional[int]], Tuple[Callable, Callable]]]:
+    """Export one part at ``opset``: (what the graph computes, what makes the two calls to
+    time for a number of onnxruntime threads)."""
+    from .checks import end2end_runners, runners
     from .end2end import export_end2end, random_images
     from .export import build_exportable, export_onnx
     if part == 'end2end':
         export = export_end2end(config, None, path, shape, opset=opset, block_mlps=block_mlps)
-        times = time_end2end(
-            export, random_images(1, shape)[0], shape, repeats, warmup, threads=threads)
-        return f'{type(export.model).__name__} end to end ({export.task})', times
+        image = random_images(1, shape)[0]
+        return (f'{type(export.model).__name__} end to end ({export.task})',
+                lambda threads: end2end_runners(export, image, shape, threads))
     module, _ = build_exportable(config, None, 'backbone' if part == 'backbone' else 'model')
     export_onnx(module, path, shape, opset=opset, block_mlps=block_mlps)
-    return module.description, time_runs(module, path, shape, repeats, warmup, threads=threads)
+    return module.description, lambda threads: runners(module, path, shape, threads=threads)
+
+
+def _reason(error: BaseException) -> str:
+    """The error's type and first line, for a row."""
+    return f'{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error) else ""}'
+
+
+class PreparedRun(NamedTuple):
+    """One exported part of a config, not yet timed."""
+    row: BenchmarkRow  #: the row without times (or with the reason its export failed)
+    #: makes the two calls to time, PyTorch eager and onnxruntime (a new session); None
+    #: when the export failed
+    make_runners: Optional[Callable[[], Tuple[Callable, Callable]]]
+
+
+def prepare_run(config: str,
+                part: str,
+                shape: Sequence[int],
+                folder: str,
+                opsets: Sequence[int] = OPSETS,
+                threads: Optional[int] = None,
+                block_mlps: bool = True) -> PreparedRun:
+    """Export ``part`` of ``config`` (initial weights: the speed does not depend on them)
+    to ``folder`` at the first of ``opsets`` with every operator of the model; the other
+    arguments are those of :func:`benchmark_run`. Any failure gives a row whose
+    ``error`` says what failed."""
+    if part not in PARTS:
+        raise ValueError(f'part must be one of {PARTS}, got {part!r}')
+    H, W = (int(s) for s in shape)
+    name = osp.basename(config)
+    stem = osp.splitext(name)[0]
+    error = None
+    for opset in opsets:
+        path = osp.join(folder, f'{stem}_{part}_{H}x{W}_opset{opset}.onnx')
+        try:
+            with _output_discarded():
+                what, make_runners = _export(config, part, (H, W), path, opset, block_mlps)
+        except Exception as err:  # noqa: B902 -- every failure becomes the row's reason
+            error = _reason(err)
+            if missing_operator_opset(err):
+                continue
+            return PreparedRun(BenchmarkRow(name, part, '', H, W, None, None, None, error), None)
+        return PreparedRun(
+            BenchmarkRow(name, part, what, H, W, opset, None, None), partial(make_runners, threads))
+    return PreparedRun(
+        BenchmarkRow(name, part, '', H, W, None, None, None,
+                     f'no opset of {tuple(opsets)} exports it ({error})'), None)
+
+
+def time_prepared(prepared: Sequence[PreparedRun],
+                  repeats: int = 10,
+                  warmup: int = 2,
+                  rounds: int = 1,
+                  progress: Optional[Callable[[int], None]] = None) -> List[BenchmarkRow]:
+    """Time the prepared runs in ``rounds`` rounds over all of them: in each round, every
+    run's two calls are made afresh (a new onnxruntime session) and timed ``repeats``
+    times each, in turn (:func:`~.checks.alternating_seconds`), after ``warmup`` untimed
+    calls. A row's times are the medians of all its rounds' calls. Rounds spread every
+    row over the whole measurement, so that a machine whose speed drifts moves every row
+    alike and the ratios between rows hold. A run that fails gives its row the reason.
+    ``progress(r)`` is called before round r (1-based)."""
+    from .checks import alternating_seconds
+    seconds: List[List[List[float]]] = [[[], []] for _ in prepared]
+    errors = [p.row.error for p in prepared]
+    for r in range(rounds):
+        if progress is not None:
+            progress(r + 1)
+        for i, run in enumerate(prepared):
+            if errors[i] is not None or run.make_runners is None:
+                continue
+            try:
+                with _output_discarded():
+                    times = alternating_seconds(run.make_runners(), repeats, warmup)
+            except Exception as err:  # noqa: B902 -- every failure becomes the row's reason
+                errors[i] = _reason(err)
+                continue
+            for kept, new in zip(seconds[i], times):
+                kept.extend(new)
+    rows = []
+    for run, (torch_s, onnxruntime_s), error in zip(prepared, seconds, errors):
+        if error is not None or run.make_runners is None:
+            rows.append(run.row._replace(error=error))
+        else:
+            rows.append(
+                run.row._replace(
+                    torch_s=float(np.median(torch_s)),
+                    onnxruntime_s=float(np.median(onnxruntime_s))))
+    return rows
 
 
 def benchmark_run(config: str,
@@ -160,30 +256,13 @@ def benchmark_run(config: str,
     """Export ``part`` of ``config`` (initial weights: the speed does not depend on them)
     to ``folder`` at the first of ``opsets`` with every operator of the model, and time
     PyTorch eager and onnxruntime on one (1, 3, H, W) image: medians of ``repeats`` runs
-    after ``warmup`` untimed ones. ``threads``: onnxruntime's intra-op threads (None: its
-    default). ``block_mlps``: the exports' MLP rewrite
+    of each, in turn, after ``warmup`` untimed ones. ``threads``: onnxruntime's intra-op
+    threads (None: its default). ``block_mlps``: the exports' MLP rewrite
     (:func:`~.blocked_mlp.block_mlps`; False: the graph as traced). Any failure gives a
-    row whose ``error`` says what failed."""
-    if part not in PARTS:
-        raise ValueError(f'part must be one of {PARTS}, got {part!r}')
-    H, W = (int(s) for s in shape)
-    name = osp.basename(config)
-    stem = osp.splitext(name)[0]
-    error = None
-    for opset in opsets:
-        path = osp.join(folder, f'{stem}_{part}_{H}x{W}_opset{opset}.onnx')
-        try:
-            with _output_discarded():
-                what, times = _export_and_time(config, part, (H, W), path, opset, repeats, warmup,
-                                               threads, block_mlps)
-        except Exception as err:  # noqa: B902 -- every failure becomes the row's reason
-            error = f'{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err) else ""}'
-            if missing_operator_opset(err):
-                continue
-            return BenchmarkRow(name, part, '', H, W, None, None, None, error)
-        return BenchmarkRow(name, part, what, H, W, opset, times['torch'], times['onnxruntime'])
-    return BenchmarkRow(name, part, '', H, W, None, None, None,
-                        f'no opset of {tuple(opsets)} exports it ({error})')
+    row whose ``error`` says what failed. :func:`prepare_run` and :func:`time_prepared`
+    are its two steps, for timing many runs in rounds."""
+    prepared = prepare_run(config, part, shape, folder, opsets, threads, block_mlps)
+    return time_prepared([prepared], repeats, warmup)[0]
 
 
 def format_markdown(rows: Sequence[BenchmarkRow]) -> str:

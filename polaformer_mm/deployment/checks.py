@@ -8,10 +8,12 @@ PyTorch module it came from.
   one-to-one to onnxruntime's (:func:`match_boxes`, :class:`BoxAgreement`), or the class maps
   pixel by pixel (:class:`MapAgreement`), over a set of images at several sizes
   (:func:`compare_end2end`);
-* the median time per image of both runtimes (:func:`time_runs`, :func:`time_end2end`).
+* the median time per image of both runtimes (:func:`time_runs`, :func:`time_end2end`),
+  their calls taken in turn (:func:`alternating_seconds`) so that a machine whose speed
+  drifts slows both alike; :func:`runners` and :func:`end2end_runners` give the two calls.
 """
 import time
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -22,7 +24,8 @@ from .end2end import End2EndExport, preprocess_image
 
 __all__ = [
     'BoxAgreement', 'Difference', 'MapAgreement', 'compare_end2end', 'compare_onnxruntime',
-    'match_boxes', 'median_seconds', 'other_shapes', 'time_end2end', 'time_runs'
+    'match_boxes', 'median_seconds', 'other_shapes', 'time_end2end', 'time_runs', 'runners',
+    'end2end_runners', 'alternating_seconds'
 ]
 
 
@@ -97,6 +100,50 @@ def median_seconds(run, repeats: int = 10, warmup: int = 2) -> float:
     return float(np.median(times))
 
 
+def alternating_seconds(runs: Sequence[Callable[[], object]],
+                        repeats: int = 10,
+                        warmup: int = 2) -> List[List[float]]:
+    """Wall-clock seconds of ``repeats`` calls of each of ``runs``, the calls taken in
+    turn (the first, the second, ..., the first again), after ``warmup`` untimed calls of
+    each: a machine whose speed drifts during the measurement slows all of them alike, so
+    their ratios hold. One list of seconds per run."""
+    for _ in range(warmup):
+        for run in runs:
+            run()
+    times: List[List[float]] = [[] for _ in runs]
+    for _ in range(repeats):
+        for run, seconds in zip(runs, times):
+            start = time.perf_counter()
+            run()
+            seconds.append(time.perf_counter() - start)
+    return times
+
+
+def _medians(runs: Tuple[Callable, Callable], repeats: int, warmup: int) -> Dict[str, float]:
+    torch_s, onnxruntime_s = alternating_seconds(runs, repeats, warmup)
+    return {'torch': float(np.median(torch_s)), 'onnxruntime': float(np.median(onnxruntime_s))}
+
+
+def runners(module: nn.Module,
+            path: str,
+            shape: Sequence[int],
+            in_channels: int = 3,
+            threads: Optional[int] = None) -> Tuple[Callable[[], object], Callable[[], object]]:
+    """The two calls :func:`time_runs` times: one (1, in_channels, H, W) forward of
+    ``module`` in PyTorch eager (no gradients) and one run of the file in a new
+    onnxruntime (CPU) session with ``threads`` intra-op threads (None: its default), on
+    the same random input."""
+    session = _session(path, threads)
+    images = torch.randn(1, in_channels, *(int(s) for s in shape))
+    feed = {session.get_inputs()[0].name: images.numpy()}
+
+    def eager():
+        with torch.no_grad():
+            return module(images)
+
+    return eager, lambda: session.run(None, feed)
+
+
 def time_runs(module: nn.Module,
               path: str,
               shape: Sequence[int],
@@ -106,16 +153,9 @@ def time_runs(module: nn.Module,
               threads: Optional[int] = None) -> Dict[str, float]:
     """Median seconds per (1, in_channels, H, W) forward of ``module`` in PyTorch eager
     (no gradients) and of the file in onnxruntime (CPU), on this machine with torch's
-    thread count and ``threads`` intra-op threads of onnxruntime (None: its default)."""
-    session = _session(path, threads)
-    images = torch.randn(1, in_channels, *(int(s) for s in shape))
-    feed = {session.get_inputs()[0].name: images.numpy()}
-    with torch.no_grad():
-        torch_s = median_seconds(lambda: module(images), repeats, warmup)
-    return {
-        'torch': torch_s,
-        'onnxruntime': median_seconds(lambda: session.run(None, feed), repeats, warmup)
-    }
+    thread count and ``threads`` intra-op threads of onnxruntime (None: its default); the
+    two runtimes' calls taken in turn (:func:`alternating_seconds`)."""
+    return _medians(runners(module, path, shape, in_channels, threads), repeats, warmup)
 
 
 class BoxAgreement(NamedTuple):
@@ -241,24 +281,35 @@ def compare_end2end(export: End2EndExport,
     return rows
 
 
+def end2end_runners(
+        export: End2EndExport,
+        image: np.ndarray,
+        shape: Sequence[int],
+        threads: Optional[int] = None) -> Tuple[Callable[[], object], Callable[[], object]]:
+    """The two calls :func:`time_end2end` times: PyTorch eager ``model.predict`` (no
+    gradients; for Mask R-CNN the masks pasted into the input) and one run of the
+    end-to-end file in a new onnxruntime (CPU) session (masks M x M per detection), on
+    ``image`` resized to ``shape`` and preprocessed (once, here); ``threads`` as
+    :func:`runners`."""
+    session = _session(export.path, threads)
+    inputs, sample = preprocess_image(export.model, image, shape)
+    feed = {session.get_inputs()[0].name: inputs.numpy()}
+    kwargs = {} if export.task == 'segmentation' else {'rescale': False}
+
+    def eager():
+        with torch.no_grad():
+            return export.model.predict(inputs, [sample], **kwargs)
+
+    return eager, lambda: session.run(None, feed)
+
+
 def time_end2end(export: End2EndExport,
                  image: np.ndarray,
                  shape: Sequence[int],
                  repeats: int = 10,
                  warmup: int = 2,
                  threads: Optional[int] = None) -> Dict[str, float]:
-    """Median seconds per image of the whole model: PyTorch eager ``model.predict`` (no
-    gradients; for Mask R-CNN the masks pasted into the input) and the end-to-end file in
-    onnxruntime (CPU; masks M x M per detection), on ``image`` resized to ``shape`` and
-    preprocessed (preprocessing not timed); ``threads`` as :func:`time_runs`."""
-    session = _session(export.path, threads)
-    inputs, sample = preprocess_image(export.model, image, shape)
-    feed = {session.get_inputs()[0].name: inputs.numpy()}
-    kwargs = {} if export.task == 'segmentation' else {'rescale': False}
-    with torch.no_grad():
-        torch_s = median_seconds(lambda: export.model.predict(inputs, [sample], **kwargs), repeats,
-                                 warmup)
-    return {
-        'torch': torch_s,
-        'onnxruntime': median_seconds(lambda: session.run(None, feed), repeats, warmup)
-    }
+    """Median seconds per image of the whole model, PyTorch eager and onnxruntime, the
+    calls of :func:`end2end_runners` taken in turn (:func:`alternating_seconds`;
+    preprocessing not timed)."""
+    return _medians(end2end_runners(export, image, shape, threads), repeats, warmup)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from polaformer_mm.deployment import benchmark
+from polaformer_mm.deployment import alternating_seconds, benchmark
 from tests import REPO
 from .._tools import load_tool
 
@@ -32,6 +32,48 @@ def test_only_missing_operators_move_to_the_next_opset():
         RuntimeError("Exporting the operator 'aten::unflatten' to ONNX opset version 11 is "
                      'not supported'))
     assert not benchmark.missing_operator_opset(FileNotFoundError('config file not found'))
+
+
+def test_calls_are_timed_in_turn_after_the_warmup():
+    calls = []
+    times = alternating_seconds([lambda: calls.append('a'), lambda: calls.append('b')],
+                                repeats=3,
+                                warmup=1)
+    assert calls == ['a', 'b'] * 4
+    assert [len(t) for t in times] == [3, 3] and all(s >= 0 for t in times for s in t)
+
+
+def _prepared(name, made, fail_in_round=None, error=None):
+    """A PreparedRun whose calls take no time; ``made`` counts the rounds that made
+    them; from round ``fail_in_round`` on making them raises."""
+    row = benchmark.BenchmarkRow(name, 'backbone', 'what', 8, 8, None if error else 11, None, None,
+                                 error)
+
+    def make():
+        made.append(name)
+        if fail_in_round is not None and made.count(name) >= fail_in_round:
+            raise RuntimeError('session failed\nsecond line')
+        return (lambda: None), (lambda: None)
+
+    return benchmark.PreparedRun(row, None if error else make)
+
+
+def test_rounds_time_every_row_in_turn_and_keep_failures():
+    made, rounds = [], []
+    prepared = [
+        _prepared('a.py', made),
+        _prepared('b.py', made, error='FileNotFoundError: b.py'),
+        _prepared('c.py', made, fail_in_round=2),
+        _prepared('d.py', made),
+    ]
+    rows = benchmark.time_prepared(prepared, repeats=2, warmup=0, rounds=3, progress=rounds.append)
+    assert rounds == [1, 2, 3]
+    # every round makes the calls of every row still standing, row after row
+    assert made == ['a.py', 'c.py', 'd.py', 'a.py', 'c.py', 'd.py', 'a.py', 'd.py']
+    assert [r.error for r in rows
+            ] == [None, 'FileNotFoundError: b.py', 'RuntimeError: session failed', None]
+    assert all(r.torch_s >= 0 and r.onnxruntime_s >= 0 for r in (rows[0], rows[3]))
+    assert rows[2].torch_s is None and rows[1].opset is None
 
 
 X86 = """processor\t: 0
@@ -71,7 +113,8 @@ def test_cpu_without_a_model_line_falls_back_to_the_platform(monkeypatch):
 @pytest.mark.parametrize('args, message', [
     (['a.py', '64'], 'CONFIG H W triples'),
     (['a.py', '64', 'x'], 'no integer H W'),
-    (['a.py', '64', '64', '--repeats', '0'], '--repeats must be >= 1'),
+    (['a.py', '64', '64', '--repeats', '0'], '--repeats and --rounds must be >= 1'),
+    (['a.py', '64', '64', '--rounds', '0'], '--repeats and --rounds must be >= 1'),
     (['a.py', '64', '64', '--threads', '0'], '--threads must be >= 1'),
     (['a.py', '64', '64', '--out-md', '/no/such/folder/t.md'], 'does not exist'),
 ])
@@ -86,7 +129,8 @@ def test_run_goes_on_past_a_failure_and_writes_markdown_and_json(tmp_path, capsy
     md, js = tmp_path / 'table.md', tmp_path / 'rows.json'
     rows = cli.main([
         NANO, '64', '64', f'{REPO}/configs/no_such_config.py', '64', '64', PVT_T, '64', '64',
-        '--parts', 'backbone', '--repeats', '1', '--warmup', '0', '--threads', '1', '--out-md',
+        '--parts', 'backbone', '--repeats', '1', '--warmup', '0', '--rounds', '2', '--threads', '1',
+        '--out-md',
         str(md), '--out-json',
         str(js), '--work-dir',
         str(tmp_path / 'made' / 'here')
@@ -110,6 +154,9 @@ def test_run_goes_on_past_a_failure_and_writes_markdown_and_json(tmp_path, capsy
     assert '| PyramidVisionTransformer stage maps | 64x64 | 13 |' in table
     progress = [line for line in err.splitlines() if line.startswith('[')]
     assert len(progress) == 3 and progress[2].startswith('[3/3] backbone of ')
+    assert [line for line in err.splitlines()
+            if line.startswith('timing')] == ['timing, round 1/2', 'timing, round 2/2']
+    assert 'median of 2 runs (2 rounds over all rows of 1 runs after 0 untimed)' in out
     assert 'init_weights' not in out + err and 'Torch IR graph' not in out + err
 
     data = json.loads(js.read_text())

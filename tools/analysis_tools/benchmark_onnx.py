@@ -1,8 +1,9 @@
 """onnxruntime (CPU) against PyTorch eager: median seconds per image of exported models.
 
     python tools/analysis_tools/benchmark_onnx.py CONFIG H W [CONFIG H W ...]
-        [--parts backbone end2end] [--repeats 10] [--warmup 2] [--opsets 11 13 17]
-        [--threads N] [--no-block-mlps] [--work-dir DIR] [--out-md FILE] [--out-json FILE]
+        [--parts backbone end2end] [--repeats 10] [--warmup 2] [--rounds 1]
+        [--opsets 11 13 17] [--threads N] [--no-block-mlps] [--work-dir DIR]
+        [--out-md FILE] [--out-json FILE]
 
 Every CONFIG is exported as ``tools/deployment/pytorch2onnx.py`` exports it, once per part
 of ``--parts`` (initial weights: the speed does not depend on them):
@@ -17,10 +18,15 @@ Pola models and softmax baselines alike: each export takes the first opset of
 ``aten::unflatten``), named in the table. A config that fails to export or run gives a
 row with the reason, and the table goes on.
 
-Both runtimes run one (1, 3, H, W) image at a time on this machine, in this one process,
-PyTorch with its default thread count and onnxruntime with ``--threads`` (default: the
-same count); the medians of ``--repeats`` timed runs after ``--warmup`` untimed ones are
-printed as a Markdown table with the PyTorch / onnxruntime ratio, under a line naming the
+Every export is made first; then both runtimes run one (1, 3, H, W) image at a time on
+this machine, in this one process, PyTorch with its default thread count and onnxruntime
+with ``--threads`` (default: the same count), their calls in turn, ``--repeats`` timed
+calls of each after ``--warmup`` untimed ones, row after row. ``--rounds R`` times all
+rows R times over (each round with new onnxruntime sessions) and takes the medians of all
+R x ``--repeats`` calls, so that a machine whose speed drifts during the run moves every
+row alike and the ratios between rows (a Pola backbone against its softmax baseline)
+hold. The medians are printed as a Markdown table with the PyTorch / onnxruntime ratio,
+under a line naming the
 versions, the threads, the processor (its model and widest vector extension: which
 runtime is faster depends on it) and the load average (before and after), which says how
 quiet the machine was. The exports run their transformer MLPs over blocks of tokens
@@ -55,6 +61,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--repeats', type=int, default=10, help='timed runs per model')
     parser.add_argument('--warmup', type=int, default=2, help='untimed runs before them')
     parser.add_argument(
+        '--rounds',
+        type=int,
+        default=1,
+        help='time all rows this many times over; the medians are of all rounds (default: 1)')
+    parser.add_argument(
         '--opsets',
         type=int,
         nargs='+',
@@ -83,8 +94,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         if not (args.runs[i + 1].isdigit() and args.runs[i + 2].isdigit()):
             parser.error(f'runs are CONFIG H W triples: {" ".join(args.runs[i:i + 3])} has no '
                          'integer H W')
-    if args.repeats < 1 or args.warmup < 0:
-        parser.error('--repeats must be >= 1 and --warmup >= 0')
+    if args.repeats < 1 or args.warmup < 0 or args.rounds < 1:
+        parser.error('--repeats and --rounds must be >= 1 and --warmup >= 0')
     if args.threads is not None and args.threads < 1:
         parser.error('--threads must be >= 1')
     for out in (args.out_md, args.out_json):
@@ -98,8 +109,16 @@ def _header(args, threads: int, load_before, load_after) -> str:
     return (f'torch {torch.__version__} ({torch.get_num_threads()} threads), onnxruntime '
             f'{onnxruntime.__version__} ({threads} threads), {os.cpu_count()} CPUs '
             f'({benchmark.cpu_description()}), load average {load_before[0]:.1f} before, '
-            f'{load_after[0]:.1f} after; median of {args.repeats} runs after {args.warmup} '
-            f'untimed; MLPs {"as traced" if args.no_block_mlps else "over blocks of tokens"}')
+            f'{load_after[0]:.1f} after; {_runs(args)}; MLPs '
+            f'{"as traced" if args.no_block_mlps else "over blocks of tokens"}')
+
+
+def _runs(args) -> str:
+    """How the medians were taken, for the header."""
+    if args.rounds == 1:
+        return f'median of {args.repeats} runs after {args.warmup} untimed'
+    return (f'median of {args.rounds * args.repeats} runs ({args.rounds} rounds over all rows '
+            f'of {args.repeats} runs after {args.warmup} untimed)')
 
 
 def main(argv: Optional[List[str]] = None) -> List[benchmark.BenchmarkRow]:
@@ -111,7 +130,7 @@ def main(argv: Optional[List[str]] = None) -> List[benchmark.BenchmarkRow]:
             raise SystemExit(f'{missing}; --parts backbone tensor times the parts without it')
     threads = args.threads or torch.get_num_threads()
     load_before = os.getloadavg()
-    rows = []
+    prepared = []
     with tempfile.TemporaryDirectory() as tmp, benchmark.quiet_model_logs():
         folder = args.work_dir or tmp
         os.makedirs(folder, exist_ok=True)
@@ -119,13 +138,20 @@ def main(argv: Optional[List[str]] = None) -> List[benchmark.BenchmarkRow]:
             config, shape = args.runs[i], (int(args.runs[i + 1]), int(args.runs[i + 2]))
             for part in args.parts:
                 print(
-                    f'[{len(rows) + 1}/{len(args.runs) // 3 * len(args.parts)}] {part} of '
+                    f'[{len(prepared) + 1}/{len(args.runs) // 3 * len(args.parts)}] {part} of '
                     f'{config} at {shape[0]}x{shape[1]}',
                     file=sys.stderr,
                     flush=True)
-                rows.append(
-                    benchmark.benchmark_run(config, part, shape, folder, args.repeats, args.warmup,
-                                            args.opsets, threads, not args.no_block_mlps))
+                prepared.append(
+                    benchmark.prepare_run(config, part, shape, folder, args.opsets, threads,
+                                          not args.no_block_mlps))
+        rows = benchmark.time_prepared(
+            prepared,
+            args.repeats,
+            args.warmup,
+            args.rounds,
+            progress=None if args.rounds == 1 else
+            lambda r: print(f'timing, round {r}/{args.rounds}', file=sys.stderr, flush=True))
     header = _header(args, threads, load_before, os.getloadavg())
     table = benchmark.format_markdown(rows)
     print(f'{header}\n\n{table}')
