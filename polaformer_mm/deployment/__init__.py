@@ -43,9 +43,9 @@ imports mmdeploy and registers the rewrites when it runs.
 """
 from .benchmark import BenchmarkRow, benchmark_run
 from .blocked_mlp import block_mlps, block_mlps_file
-from .checks import (BoxAgreement, Difference, MapAgreement, alternating_seconds, compare_end2end,
-                     compare_onnxruntime, end2end_runners, match_boxes, median_seconds,
-                     other_shapes, runners, time_end2end, time_runs)
+from .checks import (BoxAgreement, Difference, MapAgreement, compare_end2end, compare_onnxruntime,
+                     end2end_runners, match_boxes, median_seconds, other_shapes, run_seconds,
+                     runners, time_end2end, time_runs)
 from .end2end import (DEPLOY_CONFIGS, MMDEPLOY_INSTALL, MMDEPLOY_VERSION, DeployConfigError,
                       End2EndExport, deploy_config_file, end2end_task, export_end2end,
                       folder_images, load_deploy_config, mmdeploy_missing, preprocess_image,
@@ -58,11 +58,11 @@ from .rewrites import adaptive_avg_pool2d_matmul, register_mmdeploy_rewrites
 __all__ = [
     'PARTS', 'DEFAULT_OPSET', 'Difference', 'ExportableModel', 'build_exportable', 'build_model',
     'check_onnx', 'compare_onnxruntime', 'export_onnx', 'median_seconds', 'other_shapes',
-    'time_end2end', 'time_runs', 'alternating_seconds', 'runners', 'end2end_runners',
-    'MMDEPLOY_VERSION', 'MMDEPLOY_INSTALL', 'DEPLOY_CONFIGS', 'BoxAgreement', 'DeployConfigError',
-    'End2EndExport', 'MapAgreement', 'adaptive_avg_pool2d_matmul', 'compare_end2end',
-    'deploy_config_file', 'end2end_task', 'export_end2end', 'folder_images', 'load_deploy_config',
-    'match_boxes', 'mmdeploy_missing', 'preprocess_image', 'random_images', 'sample_images',
+    'time_end2end', 'time_runs', 'runners', 'end2end_runners', 'run_seconds', 'MMDEPLOY_VERSION',
+    'MMDEPLOY_INSTALL', 'DEPLOY_CONFIGS', 'BoxAgreement', 'DeployConfigError', 'End2EndExport',
+    'MapAgreement', 'adaptive_avg_pool2d_matmul', 'compare_end2end', 'deploy_config_file',
+    'end2end_task', 'export_end2end', 'folder_images', 'load_deploy_config', 'match_boxes',
+    'mmdeploy_missing', 'preprocess_image', 'random_images', 'sample_images',
     'register_mmdeploy_rewrites', 'BenchmarkRow', 'benchmark_run', 'block_mlps', 'block_mlps_file',
     'drop_omitted_inputs', 'finish_graph', 'finish_graph_file'
 ]

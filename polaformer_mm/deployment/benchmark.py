@@ -5,15 +5,15 @@
 ``backbone`` / ``tensor``, :func:`~.end2end.export_end2end` for ``end2end``) at the first
 opset of ``opsets`` that has every operator of the model (the softmax baselines of mmdet
 need opset 13 or later for ``aten::unflatten``; the Pola models take mmdeploy's 11) and
-times both runtimes on it, their calls in turn (:func:`~.checks.runners`,
-:func:`~.checks.end2end_runners`). Its two steps, :func:`prepare_run` (the export) and
-:func:`time_prepared` (the timing), let a table time all its rows in rounds, so that the
-ratios between rows hold on a machine whose speed drifts. A run that fails for any other
-reason gives a row with the reason instead of times, so that one bad config does not stop
-a table. :func:`format_markdown` and :func:`write_json` write the table,
-:func:`cpu_description` names the processor the times were taken on (which runtime is
-faster depends on it), and :func:`quiet_model_logs` keeps mmengine's model logs (every
-module's ``init_weights`` line) and the exporters' warnings off the terminal.
+times both runtimes on it (:func:`~.checks.runners`, :func:`~.checks.end2end_runners`).
+Its two steps, :func:`prepare_run` (the export) and :func:`time_prepared` (the timing),
+let a table time all its rows in rounds, so that the ratios between rows hold on a
+machine whose speed drifts. A run that fails for any other reason gives a row with the
+reason instead of times, so that one bad config does not stop a table.
+:func:`format_markdown` and :func:`write_json` write the table, :func:`cpu_description`
+names the processor the times were taken on (which runtime is faster depends on it), and
+:func:`quiet_model_logs` keeps mmengine's model logs (every module's ``init_weights``
+line) and the exporters' warnings off the terminal.
 """
 import contextlib
 import io
@@ -210,12 +210,14 @@ def time_prepared(prepared: Sequence[PreparedRun],
                   progress: Optional[Callable[[int], None]] = None) -> List[BenchmarkRow]:
     """Time the prepared runs in ``rounds`` rounds over all of them: in each round, every
     run's two calls are made afresh (a new onnxruntime session) and timed ``repeats``
-    times each, in turn (:func:`~.checks.alternating_seconds`), after ``warmup`` untimed
-    calls. A row's times are the medians of all its rounds' calls. Rounds spread every
-    row over the whole measurement, so that a machine whose speed drifts moves every row
-    alike and the ratios between rows hold. A run that fails gives its row the reason.
-    ``progress(r)`` is called before round r (1-based)."""
-    from .checks import alternating_seconds
+    times each, PyTorch's first, each after ``warmup`` untimed calls (the two are not
+    interleaved call by call: each runtime's worker threads keep spinning for a while
+    after a call and would slow the other's next one). A row's times are the medians of
+    all its rounds' calls. Rounds spread every row over the whole measurement, so that a
+    machine whose speed drifts moves every row alike and the ratios between rows hold. A
+    run that fails gives its row the reason. ``progress(r)`` is called before round r
+    (1-based)."""
+    from .checks import run_seconds
     seconds: List[List[List[float]]] = [[[], []] for _ in prepared]
     errors = [p.row.error for p in prepared]
     for r in range(rounds):
@@ -226,7 +228,7 @@ def time_prepared(prepared: Sequence[PreparedRun],
                 continue
             try:
                 with _output_discarded():
-                    times = alternating_seconds(run.make_runners(), repeats, warmup)
+                    times = [run_seconds(call, repeats, warmup) for call in run.make_runners()]
             except Exception as err:  # noqa: B902 -- every failure becomes the row's reason
                 errors[i] = _reason(err)
                 continue
@@ -256,7 +258,7 @@ def benchmark_run(config: str,
     """Export ``part`` of ``config`` (initial weights: the speed does not depend on them)
     to ``folder`` at the first of ``opsets`` with every operator of the model, and time
     PyTorch eager and onnxruntime on one (1, 3, H, W) image: medians of ``repeats`` runs
-    of each, in turn, after ``warmup`` untimed ones. ``threads``: onnxruntime's intra-op
+    of each after ``warmup`` untimed ones. ``threads``: onnxruntime's intra-op
     threads (None: its default). ``block_mlps``: the exports' MLP rewrite
     (:func:`~.blocked_mlp.block_mlps`; False: the graph as traced). Any failure gives a
     row whose ``error`` says what failed. :func:`prepare_run` and :func:`time_prepared`

@@ -8,9 +8,8 @@ PyTorch module it came from.
   one-to-one to onnxruntime's (:func:`match_boxes`, :class:`BoxAgreement`), or the class maps
   pixel by pixel (:class:`MapAgreement`), over a set of images at several sizes
   (:func:`compare_end2end`);
-* the median time per image of both runtimes (:func:`time_runs`, :func:`time_end2end`),
-  their calls taken in turn (:func:`alternating_seconds`) so that a machine whose speed
-  drifts slows both alike; :func:`runners` and :func:`end2end_runners` give the two calls.
+* the median time per image of both runtimes (:func:`time_runs`, :func:`time_end2end`);
+  :func:`runners` and :func:`end2end_runners` give the two calls they time.
 """
 import time
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
@@ -25,7 +24,7 @@ from .end2end import End2EndExport, preprocess_image
 __all__ = [
     'BoxAgreement', 'Difference', 'MapAgreement', 'compare_end2end', 'compare_onnxruntime',
     'match_boxes', 'median_seconds', 'other_shapes', 'time_end2end', 'time_runs', 'runners',
-    'end2end_runners', 'alternating_seconds'
+    'end2end_runners', 'run_seconds'
 ]
 
 
@@ -87,9 +86,9 @@ def other_shapes(shape: Sequence[int]) -> List[Tuple[int, int]]:
     return [(max(H * 3 // 4, 1) + 5, W * 5 // 4 + 3), (H * 5 // 4 + 7, max(W * 3 // 4, 1) + 1)]
 
 
-def median_seconds(run, repeats: int = 10, warmup: int = 2) -> float:
-    """Median wall-clock seconds of ``repeats`` calls of ``run()`` after ``warmup``
-    untimed ones."""
+def run_seconds(run: Callable[[], object], repeats: int = 10, warmup: int = 2) -> List[float]:
+    """Wall-clock seconds of ``repeats`` calls of ``run()`` after ``warmup`` untimed
+    ones."""
     for _ in range(warmup):
         run()
     times = []
@@ -97,31 +96,22 @@ def median_seconds(run, repeats: int = 10, warmup: int = 2) -> float:
         start = time.perf_counter()
         run()
         times.append(time.perf_counter() - start)
-    return float(np.median(times))
-
-
-def alternating_seconds(runs: Sequence[Callable[[], object]],
-                        repeats: int = 10,
-                        warmup: int = 2) -> List[List[float]]:
-    """Wall-clock seconds of ``repeats`` calls of each of ``runs``, the calls taken in
-    turn (the first, the second, ..., the first again), after ``warmup`` untimed calls of
-    each: a machine whose speed drifts during the measurement slows all of them alike, so
-    their ratios hold. One list of seconds per run."""
-    for _ in range(warmup):
-        for run in runs:
-            run()
-    times: List[List[float]] = [[] for _ in runs]
-    for _ in range(repeats):
-        for run, seconds in zip(runs, times):
-            start = time.perf_counter()
-            run()
-            seconds.append(time.perf_counter() - start)
     return times
 
 
+def median_seconds(run: Callable[[], object], repeats: int = 10, warmup: int = 2) -> float:
+    """Median wall-clock seconds of ``repeats`` calls of ``run()`` after ``warmup``
+    untimed ones."""
+    return float(np.median(run_seconds(run, repeats, warmup)))
+
+
 def _medians(runs: Tuple[Callable, Callable], repeats: int, warmup: int) -> Dict[str, float]:
-    torch_s, onnxruntime_s = alternating_seconds(runs, repeats, warmup)
-    return {'torch': float(np.median(torch_s)), 'onnxruntime': float(np.median(onnxruntime_s))}
+    """Medians of the two calls (PyTorch, onnxruntime), one after the other."""
+    eager, session_run = runs
+    return {
+        'torch': median_seconds(eager, repeats, warmup),
+        'onnxruntime': median_seconds(session_run, repeats, warmup)
+    }
 
 
 def runners(module: nn.Module,
@@ -153,8 +143,7 @@ def time_runs(module: nn.Module,
               threads: Optional[int] = None) -> Dict[str, float]:
     """Median seconds per (1, in_channels, H, W) forward of ``module`` in PyTorch eager
     (no gradients) and of the file in onnxruntime (CPU), on this machine with torch's
-    thread count and ``threads`` intra-op threads of onnxruntime (None: its default); the
-    two runtimes' calls taken in turn (:func:`alternating_seconds`)."""
+    thread count and ``threads`` intra-op threads of onnxruntime (None: its default)."""
     return _medians(runners(module, path, shape, in_channels, threads), repeats, warmup)
 
 
@@ -309,7 +298,6 @@ def time_end2end(export: End2EndExport,
                  repeats: int = 10,
                  warmup: int = 2,
                  threads: Optional[int] = None) -> Dict[str, float]:
-    """Median seconds per image of the whole model, PyTorch eager and onnxruntime, the
-    calls of :func:`end2end_runners` taken in turn (:func:`alternating_seconds`;
-    preprocessing not timed)."""
+    """Median seconds per image of the whole model, PyTorch eager and onnxruntime (the
+    calls of :func:`end2end_runners`; preprocessing not timed)."""
     return _medians(end2end_runners(export, image, shape, threads), repeats, warmup)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from polaformer_mm.deployment import alternating_seconds, benchmark
+from polaformer_mm.deployment import benchmark, run_seconds
 from tests import REPO
 from .._tools import load_tool
 
@@ -34,13 +34,10 @@ def test_only_missing_operators_move_to_the_next_opset():
     assert not benchmark.missing_operator_opset(FileNotFoundError('config file not found'))
 
 
-def test_calls_are_timed_in_turn_after_the_warmup():
+def test_run_seconds_times_the_calls_after_the_warmup():
     calls = []
-    times = alternating_seconds([lambda: calls.append('a'), lambda: calls.append('b')],
-                                repeats=3,
-                                warmup=1)
-    assert calls == ['a', 'b'] * 4
-    assert [len(t) for t in times] == [3, 3] and all(s >= 0 for t in times for s in t)
+    times = run_seconds(lambda: calls.append(len(calls)), repeats=3, warmup=2)
+    assert calls == [0, 1, 2, 3, 4] and len(times) == 3 and all(s >= 0 for s in times)
 
 
 def _prepared(name, made, fail_in_round=None, error=None):
