@@ -208,9 +208,10 @@ def time_prepared(prepared: Sequence[PreparedRun],
                   warmup: int = 2,
                   rounds: int = 1,
                   progress: Optional[Callable[[int], None]] = None) -> List[BenchmarkRow]:
-    """Time the prepared runs in ``rounds`` rounds over all of them: in each round, every
-    run's two calls are made afresh (a new onnxruntime session) and timed ``repeats``
-    times each, PyTorch's first, each after ``warmup`` untimed calls (the two are not
+    """Time the prepared runs in ``rounds`` rounds over all of them: every run's two calls
+    are made once (one onnxruntime session, kept for all rounds, so that no round pays
+    for a new session's first allocations), and in each round timed ``repeats`` times
+    each, PyTorch's first, each after ``warmup`` untimed calls (the two are not
     interleaved call by call: each runtime's worker threads keep spinning for a while
     after a call and would slow the other's next one). A row's times are the medians of
     all its rounds' calls. Rounds spread every row over the whole measurement, so that a
@@ -220,6 +221,7 @@ def time_prepared(prepared: Sequence[PreparedRun],
     from .checks import run_seconds
     seconds: List[List[List[float]]] = [[[], []] for _ in prepared]
     errors = [p.row.error for p in prepared]
+    calls: List[Optional[Tuple[Callable, Callable]]] = [None] * len(prepared)
     for r in range(rounds):
         if progress is not None:
             progress(r + 1)
@@ -228,9 +230,10 @@ def time_prepared(prepared: Sequence[PreparedRun],
                 continue
             try:
                 with _output_discarded():
-                    times = [run_seconds(call, repeats, warmup) for call in run.make_runners()]
+                    calls[i] = calls[i] or run.make_runners()
+                    times = [run_seconds(call, repeats, warmup) for call in calls[i]]
             except Exception as err:  # noqa: B902 -- every failure becomes the row's reason
-                errors[i] = _reason(err)
+                errors[i], calls[i] = _reason(err), None
                 continue
             for kept, new in zip(seconds[i], times):
                 kept.extend(new)

@@ -22,7 +22,7 @@ Every export is made first; then both runtimes run one (1, 3, H, W) image at a t
 this machine, in this one process, PyTorch with its default thread count and onnxruntime
 with ``--threads`` (default: the same count), ``--repeats`` timed calls of each (PyTorch's
 first) after ``--warmup`` untimed ones, row after row. ``--rounds R`` times all
-rows R times over (each round with new onnxruntime sessions) and takes the medians of all
+rows R times over (the same onnxruntime sessions) and takes the medians of all
 R x ``--repeats`` calls, so that a machine whose speed drifts during the run moves every
 row alike and the ratios between rows (a Pola backbone against its softmax baseline)
 hold. The medians are printed as a Markdown table with the PyTorch / onnxruntime ratio,
