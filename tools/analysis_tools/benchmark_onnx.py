@@ -21,19 +21,20 @@ row with the reason, and the table goes on.
 Every export is made first; then both runtimes run one (1, 3, H, W) image at a time on
 this machine, in this one process, PyTorch with its default thread count and onnxruntime
 with ``--threads`` (default: the same count), ``--repeats`` timed calls of each (PyTorch's
-first) after ``--warmup`` untimed ones, row after row. ``--rounds R`` times all
-rows R times over (the same onnxruntime sessions) and takes the medians of all
-R x ``--repeats`` calls, so that a machine whose speed drifts during the run moves every
-row alike and the ratios between rows (a Pola backbone against its softmax baseline)
-hold. The medians are printed as a Markdown table with the PyTorch / onnxruntime ratio,
-under a line naming the
-versions, the threads, the processor (its model and widest vector extension: which
-runtime is faster depends on it) and the load average (before and after), which says how
-quiet the machine was. The exports run their transformer MLPs over blocks of tokens
-(``polaformer_mm.deployment.blocked_mlp``) as every export of the project does;
-``--no-block-mlps`` times the graphs as traced instead. One progress line per export goes
-to stderr; the models' logs are kept at warning level. ``--out-md`` / ``--out-json`` write
-the table and its rows.
+first) after ``--warmup`` untimed ones, row after row. ``--rounds R`` times all rows R
+times over (the same onnxruntime sessions) and takes the medians of all R x ``--repeats``
+calls, so that a machine whose speed drifts during the run moves every row alike and the
+ratios between rows (a Pola backbone against its softmax baseline) hold; PyTorch eager's
+times in such a run have come out higher than in a run without rounds (the deployment
+guide, "Speed"), so the PyTorch / onnxruntime ratio is best read from a run without them.
+The medians are printed as a Markdown table with the PyTorch / onnxruntime ratio, under a
+line naming the versions, the threads, the processor (its model and widest vector
+extension: which runtime is faster depends on it) and the load average (before and
+after), which says how quiet the machine was. The exports run their transformer MLPs
+over blocks of tokens (``polaformer_mm.deployment.blocked_mlp``) as every export of the
+project does; ``--no-block-mlps`` times the graphs as traced instead. One progress line
+per export (and one per round) goes to stderr; the models' logs are kept at warning
+level. ``--out-md`` / ``--out-json`` write the table and its rows.
 """
 import argparse
 import os
