@@ -210,14 +210,14 @@ def time_prepared(prepared: Sequence[PreparedRun],
                   progress: Optional[Callable[[int], None]] = None) -> List[BenchmarkRow]:
     """Time the prepared runs in ``rounds`` rounds over all of them: every run's two calls
     are made once (one onnxruntime session, kept for all rounds, so that no round pays
-    for a new session's first allocations), and in each round timed ``repeats`` times
-    each, PyTorch's first, each after ``warmup`` untimed calls (the two are not
-    interleaved call by call: each runtime's worker threads keep spinning for a while
-    after a call and would slow the other's next one). A row's times are the medians of
-    all its rounds' calls. Rounds spread every row over the whole measurement, so that a
-    machine whose speed drifts moves every row alike and the ratios between rows hold. A
-    run that fails gives its row the reason. ``progress(r)`` is called before round r
-    (1-based)."""
+    for a new session's first allocations, and released after the last), and in each
+    round timed ``repeats`` times each, PyTorch's first, each after ``warmup`` untimed
+    calls (the two are not interleaved call by call: each runtime's worker threads keep
+    spinning for a while after a call and would slow the other's next one). A row's
+    times are the medians of all its rounds' calls. Rounds spread every row over the
+    whole measurement, so that a machine whose speed drifts moves every row alike and the
+    ratios between rows hold. A run that fails gives its row the reason. ``progress(r)``
+    is called before round r (1-based)."""
     from .checks import run_seconds
     seconds: List[List[List[float]]] = [[[], []] for _ in prepared]
     errors = [p.row.error for p in prepared]
@@ -237,6 +237,8 @@ def time_prepared(prepared: Sequence[PreparedRun],
                 continue
             for kept, new in zip(seconds[i], times):
                 kept.extend(new)
+            if r == rounds - 1:
+                calls[i] = None  # the session's memory goes before the next row's runs
     rows = []
     for run, (torch_s, onnxruntime_s), error in zip(prepared, seconds, errors):
         if error is not None or run.make_runners is None:
