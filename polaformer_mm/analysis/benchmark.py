@@ -14,13 +14,16 @@
   (:func:`run_isolated`: ``python -m polaformer_mm.analysis.benchmark PAYLOAD``) or in this
   one; :func:`compute_ratios` pairs ``pola-X`` with ``X`` (for config labels: the label with
   ``pola-`` removed). :mod:`polaformer_mm.analysis.benchmark_report` writes the table and
-  the figure.
+  the figure; :func:`exit_code` is the command line's exit status.
+* :func:`check_memory_limit` accepts a ``--memory-limit`` only up to the machine's memory
+  (:func:`machine_memory_gib`).
 """
 import ast
 import datetime
 import importlib
 import inspect
 import json
+import math
 import os
 import os.path as osp
 import platform
@@ -42,9 +45,10 @@ from .memory import CpuMemory, CudaMemory, is_out_of_memory, limit_resident_memo
 
 __all__ = [
     'MODES', 'PRECISIONS', 'NAMED', 'BenchmarkError', 'parse_size', 'parse_value', 'parse_override',
-    'clean_backbone_cfg', 'backbone_specs', 'backbone_class', 'apply_overrides', 'build_backbone',
-    'measure', 'run_one', 'run_isolated', 'worker_main', 'jobs_for', 'run_all', 'baseline_of',
-    'compute_ratios', 'environment', 'benchmark_data'
+    'machine_memory_gib', 'check_memory_limit', 'clean_backbone_cfg', 'backbone_specs',
+    'backbone_class', 'apply_overrides', 'build_backbone', 'measure', 'run_one', 'run_isolated',
+    'worker_main', 'jobs_for', 'run_all', 'baseline_of', 'compute_ratios', 'exit_code',
+    'environment', 'benchmark_data'
 ]
 
 MODES = ('forward', 'train')
@@ -226,6 +230,58 @@ def parse_override(text: str) -> Tuple[Optional[str], str, object]:
 def _require(cond: bool, message: str) -> None:
     if not cond:
         raise BenchmarkError(message)
+
+
+_CGROUP_LIMITS = ('/sys/fs/cgroup/memory.max', '/sys/fs/cgroup/memory/memory.limit_in_bytes')
+
+
+def machine_memory_gib() -> Optional[float]:
+    """The memory a process of this machine can hold, in GiB: the physical memory
+    (``MemTotal`` of ``/proc/meminfo``, else ``sysconf``), or the memory limit of this
+    process's cgroup (v2 ``memory.max``, v1 ``memory.limit_in_bytes``) where that is
+    lower; None where neither is known."""
+    sizes = []
+    try:
+        with open('/proc/meminfo') as f:
+            for line in f:
+                if line.startswith('MemTotal:'):
+                    sizes.append(int(line.split()[1]) * 1024)
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if not sizes:
+        try:
+            sizes.append(os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES'))
+        except (AttributeError, ValueError, OSError):
+            pass
+    for path in _CGROUP_LIMITS:
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # 'max': no limit
+            sizes.append(int(text))
+    sizes = [s for s in sizes if s > 0]
+    return min(sizes) / 2**30 if sizes else None
+
+
+def check_memory_limit(gib: Optional[float]) -> Optional[float]:
+    """``--memory-limit``: None, or a finite number of GiB above 0 and at most
+    :func:`machine_memory_gib` (a larger cap would never be reached before the machine
+    swaps or its OOM killer strikes, which is what the limit is there to prevent).
+    Returns it; a bad value raises :class:`BenchmarkError` naming it."""
+    if gib is None:
+        return None
+    _require(math.isfinite(gib), f'--memory-limit must be a finite number of GiB, got {gib}')
+    _require(gib > 0, f'--memory-limit must be > 0 GiB, got {gib}')
+    total = machine_memory_gib()
+    _require(
+        total is None or gib <= total,
+        f'--memory-limit {gib:g} GiB is more than the memory of this machine '
+        f'({total:.2f} GiB): the limit caps each measuring process below the machine\'s '
+        'memory, so that a measurement that does not fit fails as OOM instead of swapping')
+    return gib
 
 
 # ------------------------------------------------------------------------ backbones
@@ -579,6 +635,14 @@ def compute_ratios(results: List[dict]) -> List[dict]:
                                / b['mem_delta_mib'] if b['mem_delta_mib'] > 0 else None),
                     mem_peak=r['mem_peak_mib'] / b['mem_peak_mib']))
     return ratios
+
+
+def exit_code(results: List[dict]) -> int:
+    """The command line's exit status: 1 if a measurement failed for a reason other than
+    memory, or if none ran at all (every one out of memory: nothing was measured), else 0
+    (out of memory is a result: where a backbone stops fitting)."""
+    failed = any(r['status'] == 'error' for r in results)
+    return 1 if failed or not any(r['status'] == 'ok' for r in results) else 0
 
 
 # ---------------------------------------------------------------------------- data

@@ -10,7 +10,8 @@ Its two steps, :func:`prepare_run` (the export) and :func:`time_prepared` (the t
 let a table time all its rows in rounds, so that the ratios between rows hold on a
 machine whose speed drifts. A run that fails for any other reason gives a row with the
 reason instead of times, so that one bad config does not stop a table.
-:func:`format_markdown` and :func:`write_json` write the table, :func:`cpu_description`
+:func:`format_markdown` and :func:`write_json` write the table, :func:`exit_code` is the
+command line's exit status (1 when no row was timed), :func:`cpu_description`
 names the processor the times were taken on (which runtime is faster depends on it), and
 :func:`quiet_model_logs` keeps mmengine's model logs (every module's ``init_weights``
 line) and the exporters' warnings off the terminal.
@@ -32,7 +33,7 @@ import numpy as np
 __all__ = [
     'PARTS', 'OPSETS', 'BenchmarkRow', 'benchmark_run', 'format_markdown', 'write_json',
     'quiet_model_logs', 'missing_operator_opset', 'cpu_description', 'PreparedRun', 'prepare_run',
-    'time_prepared'
+    'time_prepared', 'exit_code'
 ]
 
 #: What a run exports: the backbone's stage maps, the tensor part of the model, or the
@@ -286,6 +287,12 @@ def format_markdown(rows: Sequence[BenchmarkRow]) -> str:
             lines.append(f'{head} {r.torch_s * 1e3:.1f} | {r.onnxruntime_s * 1e3:.1f} | '
                          f'{r.ratio:.2f}x |')
     return '\n'.join(lines)
+
+
+def exit_code(rows: Sequence[BenchmarkRow]) -> int:
+    """The command line's exit status: 1 when no row has times (every export or run
+    failed: the table holds nothing but reasons), else 0."""
+    return 0 if any(r.error is None and r.torch_s is not None for r in rows) else 1
 
 
 def write_json(path: str, rows: Sequence[BenchmarkRow], env: dict) -> None:

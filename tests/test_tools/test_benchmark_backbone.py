@@ -206,3 +206,92 @@ def test_config_files_pair_by_name(tmp_path):
     assert specs[0]['cfg']['type'] == 'PolaPVT' and 'init_cfg' not in specs[0]['cfg']
     assert bench.baseline_of(labels[0], labels) == labels[1]
     assert bench.baseline_of(labels[1], labels) is None
+
+
+def _unwritable_dirs(tmp_path):
+    """Folders no run can write in (root included): under a file, and a file itself."""
+    blocker = tmp_path / 'a_file'
+    blocker.write_text('')
+    return [str(blocker / 'out'), str(blocker)]
+
+
+def test_unwritable_out_dir_is_named_before_any_measurement(tmp_path, capsys):
+    for out in _unwritable_dirs(tmp_path):
+        with pytest.raises(SystemExit) as exc:
+            cli.main(
+                ['--backbones', 'pvt-t', '--sizes', '64', '--isolate', 'none', '--out-dir', out])
+        assert exc.value.code == 2
+        printed = capsys.readouterr()
+        assert f'--out-dir {out}: ' in printed.err
+        assert printed.out == ''  # no measurement ran (each prints a progress line)
+
+
+@pytest.mark.slow
+def test_unwritable_out_dir_exits_without_traceback(tmp_path):
+    """The script itself: a usage error (exit 2) naming the option and path, at once."""
+    import subprocess
+    import sys
+    import time
+    out = _unwritable_dirs(tmp_path)[0]
+    start = time.monotonic()
+    proc = subprocess.run([
+        sys.executable,
+        osp.join(REPO, 'tools/analysis_tools/benchmark_backbone.py'), '--backbones', 'pvt-t',
+        'pola-pvt-t', '--sizes', '64', '512', '--out-dir', out
+    ],
+                          capture_output=True,
+                          text=True,
+                          timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert f'error: --out-dir {out}: cannot write there (NotADirectoryError' in proc.stderr
+    assert 'Traceback' not in proc.stderr and proc.stdout == ''
+    assert time.monotonic() - start < 60  # four fresh measuring processes would take longer
+
+
+@pytest.mark.parametrize('value', ['inf', '-inf', 'nan', '1e30'])
+def test_memory_limit_must_be_finite_and_fit_the_machine(value, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(['--backbones', 'pvt-t', f'--memory-limit={value}'])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    if value == '1e30':
+        assert 'error: --memory-limit 1e+30 GiB is more than the memory of this machine (' in err
+    else:
+        assert f'error: --memory-limit must be a finite number of GiB, got {float(value)}' in err
+
+
+def test_memory_limit_bound_is_the_machine_memory():
+    import os
+    total = bench.machine_memory_gib()
+    physical = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30
+    assert 0 < total <= physical * 1.001  # MemTotal, or a cgroup's smaller limit
+    assert bench.check_memory_limit(total) == total
+    assert bench.check_memory_limit(None) is None
+    with pytest.raises(bench.BenchmarkError, match='more than the memory of this machine'):
+        bench.check_memory_limit(total * 1.01)
+    with pytest.raises(bench.BenchmarkError, match='must be > 0 GiB'):
+        bench.check_memory_limit(0.0)
+
+
+def test_exit_code_is_an_error_when_nothing_was_measured():
+    ok, oom, error = dict(status='ok'), dict(status='oom'), dict(status='error')
+    assert bench.exit_code([ok, oom]) == 0  # where a backbone stops fitting: a result
+    assert bench.exit_code([oom, oom]) == 1  # nothing ran
+    assert bench.exit_code([ok, error]) == 1
+    assert bench.exit_code([]) == 1
+
+
+@pytest.mark.slow
+def test_run_whose_every_measurement_fails_exits_1(tmp_path):
+    """A limit below what the measuring process already holds fails every measurement:
+    the report is written (it says why) and the exit status is 1."""
+    out = tmp_path / 'out'
+    rc = cli.main([
+        '--backbones', 'pvt-t', '--sizes', '64', '--mode', 'forward', '--repeat', '1', '--warmup',
+        '0', '--threads', '1', '--memory-limit', '0.01', '--no-plot', '--out-dir',
+        str(out)
+    ])
+    assert rc == 1
+    data = json.loads((out / 'benchmark_backbone.json').read_text())
+    assert [r['status'] for r in data['results']] == ['error']
+    assert 'the process already holds' in data['results'][0]['error']

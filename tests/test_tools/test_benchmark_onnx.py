@@ -117,7 +117,8 @@ def test_cpu_without_a_model_line_falls_back_to_the_platform(monkeypatch):
     (['a.py', '64', '64', '--repeats', '0'], '--repeats and --rounds must be >= 1'),
     (['a.py', '64', '64', '--rounds', '0'], '--repeats and --rounds must be >= 1'),
     (['a.py', '64', '64', '--threads', '0'], '--threads must be >= 1'),
-    (['a.py', '64', '64', '--out-md', '/no/such/folder/t.md'], 'does not exist'),
+    (['a.py', '64', '64', '--out-md', '/no/such/folder/t.md'
+      ], '--out-md /no/such/folder/t.md: the folder /no/such/folder does not exist'),
 ])
 def test_bad_arguments_are_named(args, message, capsys):
     with pytest.raises(SystemExit):
@@ -171,3 +172,54 @@ def test_run_goes_on_past_a_failure_and_writes_markdown_and_json(tmp_path, capsy
     first = data['rows'][0]
     assert first['ratio'] == pytest.approx(first['torch_s'] / first['onnxruntime_s'])
     assert data['rows'][1]['ratio'] is None and data['rows'][1]['error']
+
+
+def test_output_paths_are_checked_before_any_export(tmp_path, capsys):
+    """--out-md / --out-json / --work-dir that cannot be written: a usage error naming the
+    option and the path, before the first export (which prints a progress line)."""
+    blocker = tmp_path / 'a_file'
+    blocker.write_text('')
+    for option, path, reason in [
+        ('--work-dir', blocker / 'onnx', 'cannot write there (NotADirectoryError'),
+        ('--work-dir', blocker, 'not a folder'),
+        ('--out-md', tmp_path, 'is a folder, not a file'),
+        ('--out-json', blocker / 'rows.json', f'{blocker} is a file, not a folder'),
+    ]:
+        with pytest.raises(SystemExit) as exc:
+            cli.main([NANO, '64', '64', '--parts', 'backbone', option, str(path)])
+        assert exc.value.code == 2
+        out, err = capsys.readouterr()
+        assert f'error: {option} {path}: {reason}' in err
+        assert out == '' and '[1/1]' not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['a_file']  # nothing left behind
+
+
+def test_exit_code_is_an_error_when_no_row_was_timed():
+    ok = benchmark.BenchmarkRow('a.py', 'backbone', 'w', 64, 64, 11, 0.02, 0.01)
+    bad = benchmark.BenchmarkRow('b.py', 'backbone', '', 64, 64, None, None, None, 'E: x')
+    assert benchmark.exit_code([ok, bad]) == 0
+    assert benchmark.exit_code([bad, bad]) == 1
+    assert benchmark.exit_code([]) == 1
+
+
+@pytest.mark.slow
+def test_run_where_every_row_failed_exits_1(tmp_path):
+    """The script itself: every row failed, so the table (written) holds only reasons and
+    the exit status is 1, with a line saying so and no traceback."""
+    import subprocess
+    import sys
+    md = tmp_path / 'table.md'
+    proc = subprocess.run([
+        sys.executable, f'{REPO}/tools/analysis_tools/benchmark_onnx.py',
+        f'{REPO}/configs/no_such_config.py', '64', '64', '--parts', 'backbone', 'tensor',
+        '--out-md',
+        str(md)
+    ],
+                          capture_output=True,
+                          text=True,
+                          timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    assert 'no row was timed: all 2 failed (the table says why)' in proc.stderr
+    assert 'Traceback' not in proc.stderr
+    assert md.read_text().count('| no_such_config.py |') == 2
+    assert '| - | failed: FileNotFoundError' in proc.stdout

@@ -46,7 +46,8 @@ of resident memory (an address-space limit): a measurement that would need more 
 OOM instead of swapping or meeting the kernel's OOM killer, and the report gains a table
 of where each backbone stops fitting (the largest input that ran, the smallest that did
 not). Give the machine's memory and a ladder of ``--sizes`` to find where a softmax
-baseline stops fitting.
+baseline stops fitting. GIB must be finite, above 0 and at most the machine's memory
+(``MemTotal``, or the cgroup's limit where lower): a larger cap would never be reached.
 
 ``--amp fp16`` / ``bf16`` (CUDA only) run the forward under ``torch.autocast``;
 several values give one column of results each. ``--backbone-cfg KEY=VALUE`` sets a
@@ -54,10 +55,15 @@ constructor argument of every backbone that takes it (an error if none does);
 ``NAME:KEY=VALUE`` sets it for the backbone labelled NAME only. VALUE is a Python
 literal (``None``, ``56``, ``'LLSS'``) or else a string.
 
-Outputs (``--out-dir``): ``benchmark_backbone.md`` (the table, the Pola / baseline
+Outputs (``--out-dir``, made if missing; a folder that cannot be written is an error
+before any measurement): ``benchmark_backbone.md`` (the table, the Pola / baseline
 ratios and the command), ``benchmark_backbone.json`` and ``benchmark_backbone.png``
 (time and memory against pixels per image, log-log, one line per backbone). Pairs for
 the ratios: ``pola-X`` with ``X``; for configs, a label with ``pola-`` removed.
+
+Exit status: 1 if a measurement failed for a reason other than memory, or if none ran
+(every one out of memory), else 0; bad arguments (an ``--out-dir`` that cannot be written
+included) are usage errors (2) before any measurement.
 
 The measurement is :mod:`polaformer_mm.analysis.benchmark` (memory probes:
 :mod:`polaformer_mm.analysis.memory`; table and figure:
@@ -77,6 +83,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 from polaformer_mm.analysis import benchmark  # noqa: E402
 from polaformer_mm.analysis.benchmark_report import draw, format_report  # noqa: E402
+from polaformer_mm.utils.output_paths import OutputPathError, check_output_dir  # noqa: E402
 
 OUT_STEM = 'benchmark_backbone'
 
@@ -145,11 +152,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar='GIB',
         help='CPU, fresh processes: a measurement whose process would hold more than GIB '
-        'GiB resident fails as OOM (e.g. the machine\'s memory: where a backbone stops fitting)')
+        'GiB resident fails as OOM (e.g. the machine\'s memory: where a backbone stops '
+        'fitting); a finite number above 0, at most the memory of this machine (or of its '
+        'cgroup, if less)')
     p.add_argument(
         '--out-dir',
         default=osp.join('work_dirs', 'benchmark_backbone'),
-        help='where the table, JSON and PNG go (default work_dirs/benchmark_backbone)')
+        help='where the table, JSON and PNG go, made if missing and checked before any '
+        'measurement (default work_dirs/benchmark_backbone)')
     p.add_argument('--no-plot', action='store_true', help='skip the PNG')
     return p
 
@@ -190,8 +200,7 @@ def validate(args: argparse.Namespace) -> dict:
     sizes = list(dict.fromkeys(benchmark.parse_size(s) for s in args.sizes))
     isolate = args.isolate if args.isolate != 'auto' else (
         'process' if device.type == 'cpu' else 'none')
-    _require(args.memory_limit is None or args.memory_limit > 0,
-             f'--memory-limit must be > 0 GiB, got {args.memory_limit}')
+    benchmark.check_memory_limit(args.memory_limit)
     _require(
         args.memory_limit is None or (device.type == 'cpu' and isolate == 'process'),
         '--memory-limit limits the resident memory of a measuring process: it needs '
@@ -220,7 +229,8 @@ def main(argv=None) -> int:
         for spec in specs:  # every type resolves here, before any measurement
             benchmark.backbone_class(spec)
         overrides = benchmark.apply_overrides(specs, args.backbone_cfg)
-    except benchmark.BenchmarkError as e:
+        check_output_dir('--out-dir', args.out_dir)  # before the measurements, not after
+    except (benchmark.BenchmarkError, OutputPathError) as e:
         parser.error(str(e))
     command = 'python ' + shlex.join([osp.relpath(osp.abspath(__file__))]
                                      + list(sys.argv[1:] if argv is None else argv))
@@ -238,7 +248,7 @@ def main(argv=None) -> int:
     print()
     print(report)
     print(f'\nwritten: {stem}.md, {stem}.json' + ('' if args.no_plot else f', {stem}.png'))
-    return 1 if any(r['status'] == 'error' for r in results) else 0
+    return benchmark.exit_code(results)
 
 
 if __name__ == '__main__':

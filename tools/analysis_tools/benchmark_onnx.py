@@ -34,7 +34,10 @@ after), which says how quiet the machine was. The exports run their transformer 
 over blocks of tokens (``polaformer_mm.deployment.blocked_mlp``) as every export of the
 project does; ``--no-block-mlps`` times the graphs as traced instead. One progress line
 per export (and one per round) goes to stderr; the models' logs are kept at warning
-level. ``--out-md`` / ``--out-json`` write the table and its rows.
+level. ``--out-md`` / ``--out-json`` write the table and its rows; they, and
+``--work-dir``, are checked before the first export (a path that cannot be written is a
+usage error). The exit status is 1 when no row was timed (every export or run failed),
+else 0.
 """
 import argparse
 import os
@@ -47,6 +50,7 @@ import torch
 
 sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..', '..')))
 from polaformer_mm.deployment import benchmark, mmdeploy_missing  # noqa: E402
+from polaformer_mm.utils import output_paths  # noqa: E402
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -86,8 +90,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         '--work-dir',
         default=None,
         help='where the .onnx files go, made if missing (default: a temporary folder)')
-    parser.add_argument('--out-md', default=None, help='write the table (Markdown) here')
-    parser.add_argument('--out-json', default=None, help='write the rows (JSON) here')
+    parser.add_argument(
+        '--out-md', default=None, help='write the table (Markdown) here (its folder must exist)')
+    parser.add_argument(
+        '--out-json', default=None, help='write the rows (JSON) here (its folder must exist)')
     args = parser.parse_args(argv)
     if len(args.runs) % 3:
         parser.error('runs are CONFIG H W triples')
@@ -99,9 +105,14 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         parser.error('--repeats and --rounds must be >= 1 and --warmup >= 0')
     if args.threads is not None and args.threads < 1:
         parser.error('--threads must be >= 1')
-    for out in (args.out_md, args.out_json):
-        if out and not osp.isdir(osp.dirname(osp.abspath(out))):
-            parser.error(f'the folder of {out} does not exist')
+    try:  # before any export: a run must not find at its end that it cannot write
+        for option, out in (('--out-md', args.out_md), ('--out-json', args.out_json)):
+            if out:
+                output_paths.check_output_file(option, out)
+        if args.work_dir:
+            output_paths.check_output_dir('--work-dir', args.work_dir)
+    except output_paths.OutputPathError as err:
+        parser.error(str(err))
     return args
 
 
@@ -172,4 +183,8 @@ def main(argv: Optional[List[str]] = None) -> List[benchmark.BenchmarkRow]:
 
 
 if __name__ == '__main__':
-    main()
+    rows = main()
+    status = benchmark.exit_code(rows)
+    if status:
+        print(f'no row was timed: all {len(rows)} failed (the table says why)', file=sys.stderr)
+    sys.exit(status)

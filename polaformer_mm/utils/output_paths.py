@@ -1,0 +1,63 @@
+"""Output paths of the command lines, checked before any work: a run that measures for an
+hour must not find at its end that it cannot write its results.
+
+:func:`check_output_dir` makes a folder (if missing) and writes a probe file in it;
+:func:`check_output_file` checks that a file can be created (or overwritten) where it is
+named, without leaving one behind. Both raise :class:`OutputPathError` naming the option
+and the path, for the command line to print as a usage error.
+"""
+import os
+import os.path as osp
+import tempfile
+
+__all__ = ['OutputPathError', 'check_output_dir', 'check_output_file']
+
+
+class OutputPathError(ValueError):
+    """An output path that cannot be written (the message names the option and the path)."""
+
+
+def _reason(err: OSError) -> str:
+    return f'{type(err).__name__}: {err.strerror or err}'
+
+
+def _probe(folder: str) -> None:
+    """Create and remove a file in ``folder`` (raises OSError if that is not possible)."""
+    with tempfile.NamedTemporaryFile(dir=folder, prefix='.write_probe_'):
+        pass
+
+
+def check_output_dir(option: str, path: str) -> str:
+    """Make the folder ``path`` (given as ``option``) if missing and check that files can
+    be written in it; returns its absolute path."""
+    folder = osp.abspath(path)
+    if osp.exists(folder) and not osp.isdir(folder):
+        raise OutputPathError(f'{option} {path}: not a folder (a file of that name exists)')
+    try:
+        os.makedirs(folder, exist_ok=True)
+        _probe(folder)
+    except OSError as err:
+        raise OutputPathError(f'{option} {path}: cannot write there ({_reason(err)})') from None
+    return folder
+
+
+def check_output_file(option: str, path: str) -> str:
+    """Check that the file ``path`` (given as ``option``) can be written: its folder exists
+    and takes new files, and the path is not a folder (nor an existing file that cannot be
+    overwritten); returns its absolute path. Nothing is left behind."""
+    target = osp.abspath(path)
+    folder = osp.dirname(target)
+    if osp.isdir(target):
+        raise OutputPathError(f'{option} {path}: is a folder, not a file')
+    if osp.exists(folder) and not osp.isdir(folder):
+        raise OutputPathError(f'{option} {path}: {folder} is a file, not a folder')
+    if not osp.isdir(folder):
+        raise OutputPathError(f'{option} {path}: the folder {folder} does not exist')
+    if osp.exists(target) and not os.access(target, os.W_OK):
+        raise OutputPathError(f'{option} {path}: the file exists and cannot be overwritten')
+    try:
+        _probe(folder)
+    except OSError as err:
+        raise OutputPathError(f'{option} {path}: cannot write in {folder} ({_reason(err)})') \
+            from None
+    return target
