@@ -92,10 +92,12 @@ def main(argv=None) -> int:
         return 2
     import torch
     if not selfcheck.interpreting() and not torch.cuda.is_available():
+        fix = ('install a CUDA build of torch'
+               if torch.version.cuda is None else 'check nvidia-smi and CUDA_VISIBLE_DEVICES')
         print(
             f'kernel_check needs a CUDA GPU, and torch {torch.__version__} '
-            f'(CUDA build {torch.version.cuda}) sees none. On a GPU machine, install a CUDA '
-            'torch; on a CPU, run the reduced check through Triton\'s interpreter: '
+            f'(CUDA build {torch.version.cuda}) sees none. On a GPU machine, {fix}; on a CPU, '
+            'run the reduced check through Triton\'s interpreter: '
             'TRITON_INTERPRET=1 python tools/kernel_check.py --quick',
             file=sys.stderr)
         return 2
