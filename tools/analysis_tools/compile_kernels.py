@@ -4,18 +4,19 @@ variant uses: registers, spills and shared memory, and whether it fits the targe
 
     python tools/analysis_tools/compile_kernels.py [--targets 80 86 89 90]
         [--dtypes float32 float16 bfloat16] [--precisions ieee tf32] [--head-dims 32 64 128]
-        [--kernels NAME ...] [--jobs N] [--json PATH] [--out-md PATH] [--details]
+        [--kernels NAME ...] [--jobs N] [--json PATH] [--out-md PATH] [--details] [--quiet]
 
 Every kernel x target x autotune configuration x storage dtype x torch ``allow_tf32``
 setting (``ieee``: False, ``tf32``: True) x head width is compiled through Triton's own
-compile path and assembled by its bundled ``ptxas`` (about a second per variant and
-process; ``--jobs`` runs several). Printed: per case (kernel, target, dtype, allow_tf32,
-head width) one Markdown row: how many configurations fit the target / fit without spill
-stores / were compiled, the registers and shared memory of the configurations the
-autotuner keeps, the largest spill of any configuration and those configurations; with
-``--details`` also one row per variant. ``--json`` writes both, ``--out-md`` the printed
-Markdown. The exit status is 1 when a variant failed to compile or a case has no
-configuration that fits. The report is ``polaformer_mm.ops.pola_attention.compile_report``'s.
+compile path and assembled by its bundled ``ptxas`` (one to a few seconds per variant and
+process; ``--jobs`` runs several; progress on stderr unless ``--quiet``). Printed: per case
+(kernel, target, dtype, allow_tf32, head width) one Markdown row: how many configurations fit
+the target / fit without spill stores / were compiled, the registers and shared memory of the
+configurations the autotuner keeps, the largest spill of any configuration and those
+configurations; with ``--details`` also one row per variant. ``--json`` writes both,
+``--out-md`` the printed Markdown. The exit status is 1 when a variant failed to compile or a
+case has no configuration that fits. The report is
+``polaformer_mm.ops.pola_attention.compile_report``'s.
 """
 import argparse
 import json
@@ -60,6 +61,7 @@ def parse_args(argv=None):
     p.add_argument('--json', metavar='PATH', help='write every variant and case as JSON')
     p.add_argument('--out-md', metavar='PATH', help='write the printed Markdown')
     p.add_argument('--details', action='store_true', help='also print one row per variant')
+    p.add_argument('--quiet', action='store_true', help='no progress lines (every 25 compilations)')
     return p.parse_args(argv)
 
 
@@ -72,6 +74,11 @@ def _check_writable(path: str, option: str) -> None:
         raise SystemExit(f'{option} {path}: folder {folder} does not exist')
     if not os.access(path if osp.exists(path) else folder, os.W_OK):
         raise SystemExit(f'{option} {path}: not writable')
+
+
+def _progress(done: int, total: int) -> None:
+    if done == total or done % 25 == 0:
+        print(f'compiled {done}/{total}', file=sys.stderr, flush=True)
 
 
 def main(argv=None):
@@ -88,7 +95,8 @@ def main(argv=None):
             precisions=args.precisions,
             head_dims=args.head_dims,
             kernels=args.kernels,
-            jobs=args.jobs)
+            jobs=args.jobs,
+            progress=None if args.quiet else _progress)
     except (ValueError, cr.CompileReportUnavailable) as error:
         raise SystemExit(f'compile_kernels: {error}')
     text = cr.summary_table(report)

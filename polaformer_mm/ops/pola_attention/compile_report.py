@@ -29,7 +29,7 @@ import subprocess
 import tempfile
 import textwrap
 from concurrent.futures import ProcessPoolExecutor
-from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from ...utils.compat import triton_status
 from .triton_resources import TARGET_LIMITS, Usage, candidates, limits_of, misfit_reason
@@ -445,7 +445,8 @@ def compile_report(targets: Sequence = DEFAULT_TARGETS,
                    head_dims: Sequence[int] = DEFAULT_HEAD_DIMS,
                    kernels: Optional[Sequence[str]] = None,
                    configs: Optional[Sequence[int]] = None,
-                   jobs: int = 1) -> Report:
+                   jobs: int = 1,
+                   progress: Optional[Callable[[int, int], None]] = None) -> Report:
     """Compile every variant and summarise it per case.
 
     Args:
@@ -455,7 +456,8 @@ def compile_report(targets: Sequence = DEFAULT_TARGETS,
         head_dims: head widths (1 to ``triton_backend.MAX_HEAD_DIM``).
         kernels: names of :data:`~.triton_kernels.KERNELS` (default: all).
         configs: indices into each kernel's CONFIGS (default: all).
-        jobs: compiler processes (about a second per variant each).
+        jobs: compiler processes (one to a few seconds per variant each).
+        progress: called with (compilations done, compilations in all) after each one.
 
     Returns:
         Report: the variants (a variant that failed to compile has its ``error``) and the
@@ -491,15 +493,22 @@ def compile_report(targets: Sequence = DEFAULT_TARGETS,
                 (case.kernel, case.target, case.dtype, case.precision, case.head_dim, index))
     # the same compilation (e.g. two allow_tf32 settings mapped to one PRECISION) runs once
     unique = list(dict.fromkeys(specs))
+    results = []
     if jobs == 1 or len(unique) == 1:
-        results = [compile_variant(spec) for spec in unique]
+        for spec in unique:
+            results.append(compile_variant(spec))
+            if progress:
+                progress(len(results), len(unique))
     else:
         # fork where there is one: the workers neither re-run the caller's main module nor
         # import torch and Triton again (nothing here has touched a GPU or compiled yet)
         methods = multiprocessing.get_all_start_methods()
         context = multiprocessing.get_context('fork' if 'fork' in methods else 'spawn')
         with ProcessPoolExecutor(min(jobs, len(unique)), mp_context=context) as pool:
-            results = list(pool.map(compile_variant, unique, chunksize=1))
+            for result in pool.map(compile_variant, unique, chunksize=1):
+                results.append(result)
+                if progress:
+                    progress(len(results), len(unique))
     by_spec = dict(zip(unique, results))
     variants = [
         v._replace(
