@@ -1,16 +1,39 @@
-"""Heads whose ``num_classes`` disagree with the data's classes, named before a run starts.
+"""Heads whose class counts disagree with the data's classes, named before a run starts.
 
 A head predicting more or fewer classes than the dataset holds builds fine and fails deep
-in the loss (``IndexError: index 2 is out of bounds``, ``Target 3 is out of bounds``) or,
+in the loss (``IndexError: index 2 is out of bounds``, ``Target 13 is out of bounds``) or,
 with more classes than the data, only after a whole epoch in the metric.
-:func:`check_num_classes` compares every head's ``num_classes`` (mmdet's
-``NumClassCheckHook`` rule: RPN heads, class-agnostic, are left out) with the classes of
-the datasets a run reads (the config's ``metainfo.classes``, else the dataset type's
-``METAINFO``) and raises a :class:`~.model_check.ModelConfigError` naming both numbers and
-both config keys. Datasets whose classes are only known once they are read (e.g.
-mmpretrain's ``CustomDataset`` over class folders) are not checked.
+:func:`check_num_classes` works from the config alone:
+
+* **The data's classes** (:func:`dataset_classes`): the dataset config's
+  ``metainfo.classes``, else the ``METAINFO`` of its type, looked up in the registry of the
+  scope that builds it (the type's prefix such as ``mmdet.CocoDataset``, else the config's
+  ``_scope_`` / ``default_scope``: ``mmdet.registry.DATASETS``, ``mmseg.registry.DATASETS``,
+  ``mmpretrain.registry.DATASETS``); metainfo given in the config updates the type's, as
+  mmengine's ``BaseDataset`` does. Wrappers are looked into (``dataset`` of
+  ``RepeatDataset`` / ``ClassBalancedDataset`` / ``MultiImageMixDataset``, every one of a
+  ``ConcatDataset``'s ``datasets``). Panoptic data (``thing_classes`` and ``stuff_classes``)
+  keeps its split; other data is all things.
+* **The model's class settings** (:func:`class_settings`): every ``num_classes``,
+  ``num_things_classes`` and ``num_stuff_classes`` under ``model`` (also one a head's type
+  sets by default when the config leaves it out), the ``class_weight`` lists of their
+  losses (one weight per class, plus the "no object" weight where the config has one), and
+  the ``data_preprocessor.num_classes`` of classifiers (their one-hot labels). The backbone
+  and the class-agnostic proposal heads (mmdet's ``NumClassCheckHook`` rule) are left out.
+  Keys are the config's own, in ``--cfg-options`` form: Cascade's per-stage
+  ``model.roi_head.bbox_head.0.num_classes``, its one ``model.roi_head.mask_head.num_classes``,
+  Mask2Former's ``model.panoptic_head.num_things_classes`` /
+  ``model.panoptic_fusion_head.num_stuff_classes``.
+
+A mismatch is a :class:`ClassMismatchError` naming every wrong key, the data's classes and
+where they come from, and the ``key=value`` settings that fit the data (``settings``):
+given to ``--cfg-options`` (or written into the config), they pass the check. Datasets
+whose classes are only known once they are read (e.g. mmpretrain's ``CustomDataset`` over
+class folders) are not checked.
 """
-from typing import List, Optional, Sequence, Tuple
+import importlib
+import inspect
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch.nn as nn
 
@@ -19,37 +42,302 @@ from .model_check import ModelConfigError
 
 # heads with a num_classes that is not the data's (proposal heads are class-agnostic)
 _SKIPPED = ('RPNHead', 'GARPNHead', 'StageCascadeRPNHead', 'CascadeRPNHead', 'FusedSemanticHead')
+_COUNTS = ('num_classes', 'num_things_classes', 'num_stuff_classes')
+_WRAPPER_LISTS = ('datasets', )
 
 
-def _dataset_classes(cfg, split: str) -> Optional[Tuple[tuple, str]]:
+class ClassMismatchError(ModelConfigError):
+    """Class counts of the model that differ from the data's; ``settings`` maps each config
+    key (``--cfg-options`` form) to the value that fits the data."""
+
+    def __init__(self, message: str, settings: Dict[str, object]):
+        super().__init__(message)
+        self.settings = settings
+
+
+class DataClasses(NamedTuple):
+    """The classes of one dataset a split reads.
+
+    Attributes:
+        key: the dataset's config key, e.g. ``train_dataloader.dataset.dataset``.
+        classes: its class names.
+        source: where they come from (the config key with ``=``, or the type's ``METAINFO``),
+            to be followed by the classes.
+        things: the thing classes of panoptic data, else None (all are things).
+        stuff: the stuff classes of panoptic data, else None.
+        from_config: whether the classes are the config's ``metainfo.classes``.
+    """
+    key: str
+    classes: tuple
+    source: str
+    things: Optional[tuple]
+    stuff: Optional[tuple]
+    from_config: bool
+
+
+class ClassSetting(NamedTuple):
+    """One setting of the model config that must fit the data's classes.
+
+    Attributes:
+        key: its config key in ``--cfg-options`` form.
+        value: its value (an int, or the list of a ``class_weight``).
+        role: ``'classes'``, ``'things'``, ``'stuff'`` or ``'weights'``.
+        owner: the type of the dict it belongs to.
+        explicit: False for a count the config leaves to the type's default.
+        extra: for ``'weights'``: the entries after the per-class ones ("no object").
+    """
+    key: str
+    value: object
+    role: str
+    owner: str
+    explicit: bool = True
+    extra: int = 0
+
+
+# -- registries ------------------------------------------------------------------------
+def _registry(scope: Optional[str], name: str):
+    if scope:
+        try:
+            return getattr(importlib.import_module(f'{scope}.registry'), name)
+        except (ImportError, AttributeError):
+            pass
+    return getattr(importlib.import_module('mmengine.registry'), name)
+
+
+def _lookup(kind, scope: Optional[str], name: str):
+    """The class of a config ``type`` (a class, or a name looked up in the registry of its
+    scope); None when unknown."""
+    if not isinstance(kind, str):
+        return kind if isinstance(kind, type) else None
+    if '.' in kind:
+        scope = kind.split('.', 1)[0]
+    try:
+        return _registry(scope, name).get(kind)
+    except Exception:  # an unknown type is the builder's error to raise
+        return None
+
+
+def _type_name(kind) -> str:
+    if isinstance(kind, str):
+        return kind.rsplit('.', 1)[-1]
+    return getattr(kind, '__name__', str(kind))
+
+
+# -- the data --------------------------------------------------------------------------
+def _leaves(node, key: str, scope: Optional[str]):
+    if not isinstance(node, dict):
+        return
+    scope = node.get('_scope_', scope)
+    inner = node.get('dataset')
+    if isinstance(inner, dict):
+        yield from _leaves(inner, f'{key}.dataset', scope)
+        return
+    for name in _WRAPPER_LISTS:
+        parts = node.get(name)
+        if isinstance(parts, (list, tuple)) and parts and all(isinstance(p, dict) for p in parts):
+            for i, part in enumerate(parts):
+                yield from _leaves(part, f'{key}.{name}.{i}', scope)
+            return
+    yield node, key, scope
+
+
+def _data_classes(node: dict, key: str, scope: Optional[str]) -> Optional[DataClasses]:
+    given = dict(node.get('metainfo') or {})
+    kind = node.get('type')
+    cls = _lookup(kind, scope, 'DATASETS')
+    metainfo = dict(getattr(cls, 'METAINFO', None) or {})
+    metainfo.update(given)  # as mmengine's BaseDataset._load_metainfo
+    classes = metainfo.get('classes')
+    if not classes or isinstance(classes, str):
+        return None
+    classes = tuple(classes)
+    if given.get('classes') is not None:
+        source, from_config = f'{key}.metainfo.classes=', True
+    else:
+        source, from_config = f'the METAINFO of {key}.type={_type_name(kind)}: ', False
+    things, stuff = metainfo.get('thing_classes'), metainfo.get('stuff_classes')
+    if things is None or stuff is None or len(things) + len(stuff) != len(classes):
+        things = stuff = None
+    else:
+        things, stuff = tuple(things), tuple(stuff)
+    return DataClasses(key, classes, source, things, stuff, from_config)
+
+
+def dataset_classes(cfg, split: str) -> List[DataClasses]:
+    """The classes of every dataset ``{split}_dataloader`` reads (wrappers looked into);
+    datasets whose classes the config and the registry do not tell are left out."""
     loader = cfg.get(f'{split}_dataloader')
     dataset = loader.get('dataset') if isinstance(loader, dict) else None
-    key = f'{split}_dataloader.dataset'
-    while isinstance(dataset, dict) and isinstance(dataset.get('dataset'), dict):
-        dataset, key = dataset['dataset'], key + '.dataset'
-    if not isinstance(dataset, dict):
-        return None
-    classes = (dataset.get('metainfo') or {}).get('classes')
-    if classes is not None:
-        return tuple(classes), f'{key}.metainfo.classes'
-    kind = dataset.get('type')
-    if not isinstance(kind, str):
-        kind_cls = kind
-    else:
-        from mmengine.registry import DATASETS
+    found = []
+    for node, key, scope in _leaves(dataset, f'{split}_dataloader.dataset',
+                                    cfg.get('default_scope')):
+        data = _data_classes(node, key, scope)
+        if data is not None:
+            found.append(data)
+    return found
+
+
+# -- the model -------------------------------------------------------------------------
+def _defaults(cls) -> Dict[str, int]:
+    """The int defaults of the class counts the constructor of ``cls`` takes (followed
+    through ``**kwargs`` to the parent that declares them)."""
+    for klass in getattr(cls, '__mro__', ()):
+        if '__init__' not in vars(klass):
+            continue
         try:
-            kind_cls = DATASETS.get(kind)
-        except Exception:  # an unknown type is the dataset builder's error to raise
-            return None
-    classes = (getattr(kind_cls, 'METAINFO', None) or {}).get('classes')
-    if not classes:
+            params = inspect.signature(vars(klass)['__init__']).parameters
+        except (TypeError, ValueError):
+            return {}
+        declared = [p for p in params.values() if p.name in _COUNTS]
+        if declared:
+            return {
+                p.name: p.default
+                for p in declared if isinstance(p.default, int) and not isinstance(p.default, bool)
+            }
+        if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+            return {}
+    return {}
+
+
+def _walk(node, key: str, scope: Optional[str], head: Optional[List[ClassSetting]],
+          out: List[ClassSetting]) -> None:
+    if isinstance(node, (list, tuple)):
+        for i, item in enumerate(node):
+            _walk(item, f'{key}.{i}', scope, head, out)
+        return
+    if not isinstance(node, dict):
+        return
+    scope = node.get('_scope_', scope)
+    kind = node.get('type')
+    owner = _type_name(kind) if kind is not None else key.rsplit('.', 1)[-1]
+    if owner in _SKIPPED:
+        return
+    counts = []
+    for name in _COUNTS:
+        value = node.get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            counts.append(ClassSetting(f'{key}.{name}', value, _ROLE[name], owner))
+    if kind is not None:
+        for name, value in _defaults(_lookup(kind, scope, 'MODELS')).items():
+            if name not in node:
+                counts.append(ClassSetting(f'{key}.{name}', value, _ROLE[name], owner, False))
+    if counts:
+        out.extend(counts)
+        head = counts
+    weights = node.get('class_weight')
+    if head is not None and isinstance(weights, (list, tuple)) and weights:
+        out.append(_weights_setting(f'{key}.class_weight', list(weights), head))
+    for name, value in node.items():
+        if name in ('backbone', 'class_weight', '_scope_') or name in _COUNTS:
+            continue
+        _walk(value, f'{key}.{name}', scope, head, out)
+
+
+_ROLE = {'num_classes': 'classes', 'num_things_classes': 'things', 'num_stuff_classes': 'stuff'}
+
+
+def _weights_setting(key: str, weights: list, head: List[ClassSetting]) -> ClassSetting:
+    owner = head[0].owner
+    configured = sum(s.value for s in head if s.role in ('things', 'stuff'))
+    configured = configured or next((s.value for s in head if s.role == 'classes'), 0)
+    extra = len(weights) - configured
+    if extra not in (0, 1):  # the count was changed alone: what the head type needs
+        extra = 1 if 'MaskFormer' in owner or 'Mask2Former' in owner else 0
+    return ClassSetting(key, weights, 'weights', owner, True, extra)
+
+
+def class_settings(cfg) -> List[ClassSetting]:
+    """Every setting of ``cfg.model`` (and of a top-level ``data_preprocessor`` the runner
+    merges into it) that must fit the data's classes; see the module docstring."""
+    model = cfg.get('model')
+    if not isinstance(model, dict):
+        return []
+    scope = cfg.get('default_scope')
+    out: List[ClassSetting] = []
+    _walk(model, 'model', scope, None, out)
+    preprocessor = cfg.get('data_preprocessor')
+    if 'data_preprocessor' not in model and isinstance(preprocessor, dict):
+        value = preprocessor.get('num_classes')
+        if isinstance(value, int) and not isinstance(value, bool):
+            out.append(
+                ClassSetting('data_preprocessor.num_classes', value, 'classes',
+                             _type_name(preprocessor.get('type', 'data_preprocessor'))))
+    return out
+
+
+# -- the comparison --------------------------------------------------------------------
+def _expected(setting: ClassSetting, data: DataClasses) -> object:
+    """The value of ``setting`` that fits ``data``."""
+    n = len(data.classes)
+    things = len(data.things) if data.things is not None else n
+    stuff = len(data.stuff) if data.stuff is not None else 0
+    if setting.role == 'classes':
+        return n
+    if setting.role == 'things':
+        return things
+    if setting.role == 'stuff':
+        return stuff
+    weights, extra = setting.value, setting.extra
+    per_class = weights[:len(weights) - extra]
+    tail = weights[len(weights) - extra:]
+    if per_class and all(w == per_class[0] for w in per_class):
+        new = [per_class[0]] * n
+    else:
+        new = list(per_class[:n]) + [1.0] * max(0, n - len(per_class))
+    return new + list(tail)
+
+
+def _short(classes: Sequence) -> str:
+    shown = ', '.join(repr(c if len(str(c)) <= 24 else str(c)[:21] + '...') for c in classes[:4])
+    return f'({shown}{", ..." if len(classes) > 4 else ""})'
+
+
+def _cli(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return '[' + ','.join(_cli(v) for v in value) + ']'
+    return repr(value)
+
+
+def _shown(setting: ClassSetting) -> str:
+    if setting.role == 'weights':
+        return f'{setting.key} has {len(setting.value)} values'
+    if not setting.explicit:
+        return f'{setting.key}={setting.value} (not set: the default of {setting.owner})'
+    return f'{setting.key}={setting.value}'
+
+
+def _data_text(data: DataClasses) -> str:
+    text = f'{len(data.classes)} classes ({data.source}{_short(data.classes)}'
+    if data.things is not None:
+        text += f'; {len(data.things)} things, {len(data.stuff)} stuff'
+    return text + ')'
+
+
+def _mismatch(split: str, data: DataClasses,
+              settings: Sequence[ClassSetting]) -> Optional[ClassMismatchError]:
+    wrong = []
+    for setting in settings:
+        value = _expected(setting, data)
+        if value is not None and value != setting.value:
+            wrong.append((setting, value))
+    if not wrong:
         return None
-    return tuple(classes), f'{key}.type={kind_cls.__name__} (its METAINFO classes)'
+    fixes = {s.key: v for s, v in wrong}
+    listed = '; '.join(_shown(s) for s, _ in wrong)
+    advice = ' '.join(f'{k}={_cli(v)}' for k, v in fixes.items())
+    message = (f'{listed}; but the {split} data has {_data_text(data)}: to train on this data, '
+               f'set {advice} (--cfg-options takes these as written)')
+    counts = {s.value for s in settings if s.role == 'classes'}
+    n = counts.pop() if len(counts) == 1 else None
+    fits_n = n is not None and not any(s.role in ('things', 'stuff') for s in settings) and all(
+        _expected(s, data._replace(classes=(None, ) * n)) == s.value for s in settings)
+    if fits_n:  # the model fits data of n classes as it is
+        message += (f'; or, for data of {n} classes, name them in {data.key}.metainfo.classes '
+                    f'(in place of {len(data.classes)})')
+    return ClassMismatchError(message, fixes)
 
 
-def _heads(model: nn.Module) -> List[Tuple[str, int]]:
-    """(config key, num_classes) of every outermost module with an int num_classes
-    outside the backbone."""
+def _module_heads(model: nn.Module) -> List[Tuple[str, int]]:
     found, taken = [], []
     for name, module in unwrap(model).named_modules():
         n = getattr(module, 'num_classes', None)
@@ -58,33 +346,37 @@ def _heads(model: nn.Module) -> List[Tuple[str, int]]:
                     name.startswith(t + '.') for t in taken):
             continue
         taken.append(name)
-        if type(module).__name__ in _SKIPPED:
-            continue
-        found.append((f'model.{name}.num_classes', n))
+        if type(module).__name__ not in _SKIPPED:
+            found.append((name, n))
     return found
 
 
-def _short(classes: Sequence) -> str:
-    shown = ', '.join(repr(c) for c in classes[:4])
-    return f'({shown}{", ..." if len(classes) > 4 else ""})'
+def check_config_classes(cfg, splits: Sequence[str] = ('train', 'val')) -> None:
+    """A :class:`ClassMismatchError` when a class setting of ``cfg.model`` does not fit the
+    classes of a dataset of ``splits`` (see the module docstring); the config and the
+    registries only: no dataset file is read and no model is built."""
+    settings = class_settings(cfg)
+    if not settings:
+        return
+    for split in splits:
+        for data in dataset_classes(cfg, split):
+            error = _mismatch(split, data, settings)
+            if error is not None:
+                raise error
 
 
 def check_num_classes(model: nn.Module, cfg, splits: Sequence[str] = ('train', 'val')) -> None:
-    """A :class:`~.model_check.ModelConfigError` when a head's ``num_classes`` differs
-    from the number of classes of a dataset of ``splits`` (see the module docstring)."""
-    heads = _heads(model)
-    if not heads:
+    """:func:`check_config_classes` for a runner's config; a runner built from a model
+    object (no model config) has its modules' ``num_classes`` compared instead."""
+    if isinstance(cfg.get('model'), dict):
+        check_config_classes(cfg, splits)
         return
+    heads = _module_heads(model)
     for split in splits:
-        found = _dataset_classes(cfg, split)
-        if found is None:
-            continue
-        classes, data_key = found
-        wrong = [(k, n) for k, n in heads if n != len(classes)]
-        if wrong:
-            listed = ', '.join(f'{k}={n}' for k, n in wrong)
-            keys = ' and '.join(k for k, _ in wrong)
-            raise ModelConfigError(
-                f'{listed} but the {split} data has {len(classes)} classes ({data_key}='
-                f'{_short(classes)}): set {keys} to {len(classes)}, or give the dataset the '
-                f'classes the heads predict ({data_key})')
+        for data in dataset_classes(cfg, split):
+            wrong = [(k, n) for k, n in heads if n != len(data.classes)]
+            if wrong:
+                listed = ', '.join(f'{k}.num_classes={n}' for k, n in wrong)
+                raise ModelConfigError(
+                    f'the model\'s modules {listed} but the {split} data has '
+                    f'{_data_text(data)}: build them with {len(data.classes)} classes')
