@@ -11,10 +11,11 @@ variant is checked against the target's limits and each case (kernel, target, dt
 precision, head width) gets the configurations the autotuner keeps
 (:func:`~.triton_resources.candidates`, the runtime's own prune policy).
 
-The kernels' signatures come from their JIT parameters: a ``tl.constexpr`` parameter is a
-compile-time argument; a pointer is a parameter named in upper case that the kernel uses
-as a pointer (one in :data:`~.triton_kernels.STORAGE_ARGS` points to the storage dtype,
-the others to float32); every other parameter is an int32 (see :func:`kernel_signature`).
+The kernels' signatures are the kernels' module's (its ``signature`` function) or else come
+from their JIT parameters: a ``tl.constexpr`` parameter is a compile-time argument; a
+pointer is a parameter named in upper case that the kernel uses as a pointer (one in
+:data:`~.triton_kernels.STORAGE_ARGS` points to the storage dtype, the others to float32);
+every other parameter is an int32 (see :func:`kernel_signature`).
 
 Needs Triton >= 3.0 with ``GPUTarget``, ``ASTSource`` taking ``constexprs`` and its
 bundled ``ptxas``; :func:`check_toolchain` names what is missing. The command line is
@@ -276,27 +277,44 @@ def _integer_names(fn, depth: int = 0) -> set:
 
 def kernel_signature(name: str, dtype: str, constexprs: Dict[str, object]) -> Dict[str, str]:
     """Triton's signature of kernel ``name`` for storage ``dtype`` ('float32', 'float16'
-    or 'bfloat16'), from its JIT parameters: ``'constexpr'`` for the compile-time ones
-    (which ``constexprs`` must all give), a pointer for each parameter named in upper case
-    that the kernel does not use as an integer (to ``dtype`` when
+    or 'bfloat16').
+
+    The kernels' module says it where it has a ``signature(name, storage)`` function
+    (``storage``: 'fp32', 'fp16' or 'bf16'). Else it comes from the kernel's JIT
+    parameters: ``'constexpr'`` for the compile-time ones, a pointer for each parameter
+    named in upper case that the kernel does not use as an integer (to ``dtype`` when
     :data:`~.triton_kernels.STORAGE_ARGS` names it, else to float32), ``'i32'`` for the
-    others."""
+    others. ``constexprs`` must give every compile-time parameter.
+    """
     if dtype not in _POINTEE:
         raise ValueError(f'unknown storage dtype {dtype!r} (known: {", ".join(_POINTEE)})')
     module = _kernels_module()
     fn = _jit_function(module.KERNELS[name])
-    storage = set(module.STORAGE_ARGS.get(name, ()))
     params = [p.name for p in fn.params]
+    storage = set(module.STORAGE_ARGS.get(name, ()))
     unknown = storage.difference(params)
     if unknown:
         raise ValueError(f'STORAGE_ARGS[{name!r}] names {sorted(unknown)}, which are not '
                          f'parameters of the kernel ({", ".join(params)})')
+    missing = [p.name for p in fn.params if p.is_constexpr and p.name not in constexprs]
+    if missing:
+        raise ValueError(f'kernel {name!r}: no value for its constexprs {", ".join(missing)}')
+    if callable(getattr(module, 'signature', None)):
+        return dict(module.signature(name, _POINTEE[dtype]))
+    return inferred_signature(name, dtype)
+
+
+def inferred_signature(name: str, dtype: str) -> Dict[str, str]:
+    """The signature of kernel ``name`` for storage ``dtype`` from its JIT parameters
+    alone (the rule of :func:`kernel_signature` for a kernels' module without a
+    ``signature`` function)."""
+    module = _kernels_module()
+    fn = _jit_function(module.KERNELS[name])
+    storage = set(module.STORAGE_ARGS.get(name, ()))
     integers = _integer_names(fn)
     signature = {}
     for param in fn.params:
         if param.is_constexpr:
-            if param.name not in constexprs:
-                raise ValueError(f'kernel {name!r}: no value for its constexpr {param.name}')
             signature[param.name] = 'constexpr'
         elif param.name in storage:
             signature[param.name] = '*' + _POINTEE[dtype]
