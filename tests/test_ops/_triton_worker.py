@@ -6,7 +6,9 @@ must be set before Triton is imported, hence the separate process) runs every ca
 one JSON line: per case, the largest difference of the output and of each gradient,
 relative to the largest magnitude of the torch path's. ``compile`` (without the
 interpreter) runs Triton's compiler on the four kernels for an sm_90 GPU up to its GPU
-dialect, which needs no GPU, and prints the kernels lowered.
+dialect, which needs no GPU, and prints the kernels lowered. ``fallback`` (with
+``TRITON_INTERPRET=1``) makes the kernels raise at their first launch and prints what the
+dispatch did.
 """
 import json
 import os
@@ -139,40 +141,23 @@ def lower_for_sm90():
     from triton.compiler.compiler import make_backend
 
     from polaformer_mm.ops.pola_attention import triton_kernels as kernels
-    from polaformer_mm.ops.pola_attention.triton_backend import TINY, block_d
+    from polaformer_mm.ops.pola_attention.triton_backend import constants
 
-    pointer_args = {
-        'key_summary_kernel':
-        dict(K='x', V='x', P='f', KV='f', KMEAN='f', KMAX='f'),
-        'query_forward_kernel':
-        dict(Q='x', W='f', P='f', EPS='f', KMAX='f', OUT='x', LARGEST_INV_DEN='f'),
-        'query_backward_kernel':
-        dict(Q='x', GO='x', W='f', P='f', EPS='f', KMAX='f', GQ='x', GW='f', GP='f'),
-        'key_backward_kernel':
-        dict(K='x', V='x', P='f', KMAX='f', GKV='f', GMEAN='f', GK='x', GV='x', GP='f'),
-    }
     target = GPUTarget('cuda', 90, 32)
     backend = make_backend(target)
     lowered = []
-    first = kernels.CONFIGS[0]
-    cases = [(32, 'fp32', first), (7, 'fp16', first)]
-    cases += [(64, 'bf16', config) for config in kernels.CONFIGS]
-    for d, dtype, config in cases:
-        constants = dict(
-            BLOCK_N=config.kwargs['BLOCK_N'], BLOCK_D=block_d(d), PRECISION='ieee', TINY=TINY)
-        options = backend.parse_options(
-            dict(num_warps=config.num_warps, num_stages=config.num_stages, enable_fp_fusion=True))
-        for name, pointers in pointer_args.items():
-            fn = getattr(kernels, name).fn  # the kernel under the autotuner
-            signature = {}
-            for arg in fn.arg_names:
-                if arg in constants:
-                    signature[arg] = 'constexpr'
-                elif arg in pointers:
-                    signature[arg] = '*' + (dtype if pointers[arg] == 'x' else 'fp32')
-                else:
-                    signature[arg] = 'i32'
-            src = ASTSource(fn, signature, constexprs=constants)
+    for name, kernel in kernels.KERNELS.items():
+        configs = kernels.CONFIGS[name]
+        cases = [(32, 'fp32', configs[0]), (7, 'fp16', configs[0])]
+        cases += [(64, 'bf16', config) for config in configs]
+        for d, dtype, config in cases:
+            consts = dict(constants(d, 'ieee'), **config.kwargs)
+            options = backend.parse_options(
+                dict(
+                    num_warps=config.num_warps, num_stages=config.num_stages,
+                    enable_fp_fusion=True))
+            fn = kernel.fn  # the kernel under the autotuner
+            src = ASTSource(fn, kernels.signature(name, dtype), constexprs=consts)
             stages = {}
             backend.add_stages(stages, options, src.language)
             context = ir.context()
@@ -187,7 +172,73 @@ def lower_for_sm90():
     return lowered
 
 
+def _rel_err(a, b) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def fallback():
+    """Kernels made to raise at their first launch (the autotuner's ``run`` replaced by one
+    that raises Triton's ``OutOfResources``): forward in one case (head width 32), backward
+    in another (width 16), through ``backend='auto'`` and a forced ``'triton'``."""
+    import warnings
+
+    from triton.runtime.errors import OutOfResources
+
+    from polaformer_mm.ops import pola_linear_attention
+    from polaformer_mm.ops.pola_attention import triton_backend
+    from polaformer_mm.ops.pola_attention import triton_kernels as kernels
+
+    assert os.environ.get('TRITON_INTERPRET') == '1', 'set TRITON_INTERPRET=1'
+    torch.set_num_threads(1)
+    calls = {'forward': 0, 'backward': 0, 'forward_raised': 0, 'backward_raised': 0}
+
+    def failing(kernel, stage, fail_for_d):
+        launch = kernel.run
+
+        def run(*args, **kwargs):
+            calls[stage] += 1
+            if kwargs['BLOCK_D'] == fail_for_d:
+                calls[stage + '_raised'] += 1
+                raise OutOfResources(233472, 232448, 'shared memory')
+            return launch(*args, **kwargs)
+
+        kernel.run = run
+
+    failing(kernels.query_forward_kernel, 'forward', 32)
+    failing(kernels.query_backward_kernel, 'backward', 16)
+    result = {}
+    for d in (32, 16):
+        (q, k, v, power), eps = _case_inputs(2, 2, 21, 17, d, 'float32', '')
+        alpha = 4.0
+        inputs = [t.clone().requires_grad_() for t in (q, k, v, power)]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter('always')
+            runs = []
+            for _ in range(2):  # the second call meets the case marked as failed
+                xs = [t.detach().clone().requires_grad_() for t in inputs]
+                out = pola_linear_attention(*xs, alpha, eps, backend='auto')
+                out.backward(torch.ones_like(out))
+                runs.append([out] + [x.grad for x in xs])
+        ref = [t.detach().clone().requires_grad_() for t in inputs]
+        ref_out = pola_linear_attention(*ref, alpha, eps, backend='torch')
+        ref_out.backward(torch.ones_like(ref_out))
+        expected = [ref_out] + [x.grad for x in ref]
+        try:
+            pola_linear_attention(q, k, v, power, alpha, eps, backend='triton')
+            forced = ''
+        except Exception as error:  # noqa: BLE001
+            forced = f'{type(error).__name__}: {error}'
+        result[f'd{d}'] = dict(
+            warnings=[str(w.message) for w in caught if w.category is RuntimeWarning],
+            rel_err=[max(_rel_err(a, b) for a, b in zip(run, expected)) for run in runs],
+            forced=forced,
+            failed=[list(map(str, case)) for case in triton_backend.failed_cases()])
+    result['calls'] = calls
+    return result
+
+
 if __name__ == '__main__':
     mode = sys.argv[1]
-    result = interpret() if mode == 'interpret' else lower_for_sm90()
-    print(json.dumps(result))
+    modes = dict(interpret=interpret, compile=lower_for_sm90, fallback=fallback)
+    print(json.dumps(modes[mode]()))

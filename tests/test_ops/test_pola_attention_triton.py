@@ -73,5 +73,29 @@ def test_kernels_lower_for_a_gpu():
     """Triton's compiler needs no GPU: every kernel goes through it for sm_90 up to the
     GPU dialect (what the interpreter does not check: typing, tl.dot shapes, layouts),
     for head widths 32, 7 and 64, and at 64 in every launch configuration."""
+    from polaformer_mm.ops.pola_attention.triton_kernels import CONFIGS, KERNELS
     lowered = _worker('compile', interpret=False)
-    assert len(lowered) == 4 * 6, lowered
+    assert len(lowered) == sum(len(CONFIGS[name]) + 2 for name in KERNELS), lowered
+
+
+@pytest.mark.slow
+def test_a_failing_first_launch_takes_the_torch_path_for_that_case():
+    """A kernel that raises at its first launch (as a GPU's compiler or an out-of-resources
+    launch would): backend='auto' warns once, naming the reason, computes the call with the
+    torch path and keeps that case there; the other cases keep the kernels; a forced
+    'triton' names the earlier failure."""
+    result = _worker('fallback', interpret=True)
+    calls = result['calls']
+    for d, stage in (('d32', 'forward'), ('d16', 'backward')):
+        case = result[d]
+        assert len(case['warnings']) == 1, case['warnings']
+        warning = case['warnings'][0]
+        assert f'first {stage} launch' in warning and 'OutOfResources' in warning, warning
+        assert 'POLA_ATTENTION_BACKEND=torch' in warning
+        # both calls (the failing one, and the next, on the torch path) give the op's result
+        assert max(case['rel_err']) < 1e-5, case['rel_err']
+        assert 'failed at their first launch' in case['forced'], case['forced']
+    # each failing kernel was launched once only: the case then stayed on the torch path
+    assert calls['forward_raised'] == 1 and calls['backward_raised'] == 1, calls
+    # the width-16 case ran its forward kernels twice (its backward failed, not its forward)
+    assert calls['forward'] == 1 + 1, calls

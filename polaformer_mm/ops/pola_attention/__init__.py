@@ -26,7 +26,8 @@ The reference forms (the official order of operations, the explicit N x n weight
 log-domain form) are in :mod:`.reference`; the argument checks in :mod:`.checks`.
 """
 import logging
-from typing import Callable, Optional
+import os
+from typing import Callable, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -44,9 +45,22 @@ __all__ = [
     'pola_linear_attention_plain', 'pola_linear_attention_channels_first'
 ]
 
-#: Names accepted by ``backend=`` and :func:`set_default_backend`.
+#: Names accepted by ``backend=``, :func:`set_default_backend` and the environment
+#: variable ``POLA_ATTENTION_BACKEND``.
 BACKENDS = ('auto', 'torch', 'triton')
-_default_backend = 'auto'
+#: The environment variable that sets the default backend when the op is imported.
+BACKEND_ENV = 'POLA_ATTENTION_BACKEND'
+
+
+def _backend_from_env() -> str:
+    value = os.environ.get(BACKEND_ENV, '').strip().lower() or 'auto'
+    if value not in BACKENDS:
+        raise ValueError(f'{BACKEND_ENV}={os.environ[BACKEND_ENV]!r}: the Pola attention backend '
+                         f'must be one of {", ".join(BACKENDS)}')
+    return value
+
+
+_default_backend = _backend_from_env()
 
 
 def set_default_backend(backend: str) -> str:
@@ -54,7 +68,9 @@ def set_default_backend(backend: str) -> str:
 
     Args:
         backend (str): 'auto' (the Triton kernel for CUDA tensors when Triton can be
-            imported, the torch path otherwise), 'torch' or 'triton'.
+            imported, the torch path otherwise), 'torch' or 'triton'. The default when the
+            op is imported is ``POLA_ATTENTION_BACKEND`` (unset: 'auto'); a config chooses it
+            with ``custom_hooks=[dict(type='PolaAttentionBackendHook', backend=...)]``.
 
     Returns:
         str: the previous default.
@@ -67,29 +83,33 @@ def set_default_backend(backend: str) -> str:
 
 
 def _resolve_backend(backend: Optional[str], q: Tensor, k: Tensor, v: Tensor, power: Tensor,
-                     capturing: bool) -> str:
-    """'torch' or 'triton' for ``backend`` (None: the default).
+                     capturing: bool) -> Tuple[str, bool]:
+    """'torch' or 'triton' for ``backend`` (None: the default), and whether the choice was
+    'auto' (which takes the torch path where the kernels fail at their first launch).
 
-    'auto' takes the kernels for the CUDA tensors they take
-    (:func:`~.triton_backend.unsupported_reasons`); a forced 'triton' raises, naming
+    'auto' takes the kernels for the CUDA tensors they take (CPU ones under
+    ``TRITON_INTERPRET=1``; :func:`~.triton_backend.unsupported_reasons`, which includes the
+    cases whose first launch failed in this process); a forced 'triton' raises, naming
     those reasons, when they do not take them. A trace or an export (``capturing``, not
     ``torch.compile``) records the plain formulation, also in place of the kernels.
     """
     backend = _default_backend if backend is None else backend
     if backend not in BACKENDS:
         raise ValueError(f'backend must be one of {BACKENDS} or None, got {backend!r}')
+    auto = backend == 'auto'
     if capturing and not is_compiling():
-        return 'torch'
-    if backend == 'auto':
-        if q.device.type != 'cuda':
-            return 'torch'
+        return 'torch', auto
+    if auto:
+        if q.device.type != 'cuda' and not triton_backend.interpreting():
+            return 'torch', auto
         if not triton_backend.available():
             _log_triton_fallback_once(triton_backend.unavailable_reason())
-            return 'torch'
-        return 'torch' if triton_backend.unsupported_reasons(q, k, v, power) else 'triton'
+            return 'torch', auto
+        unsupported = triton_backend.unsupported_reasons(q, k, v, power)
+        return ('torch' if unsupported else 'triton'), auto
     if backend == 'triton':
         triton_backend.check_supported(q, k, v, power)
-    return backend
+    return backend, auto
 
 
 _triton_fallback_logged = False
@@ -170,14 +190,21 @@ def pola_linear_attention(q: Tensor,
     capturing = graph_capture()
     # a captured graph cannot branch on values: eps and scale are checked when run eagerly
     alpha = check_inputs(q, k, v, power, alpha, eps, scale, check_values=not capturing)
-    if _resolve_backend(backend, q, k, v, power, capturing) == 'triton':
+    resolved, auto = _resolve_backend(backend, q, k, v, power, capturing)
+    if resolved == 'triton':
         if scale is not None:
             q, k, scale = q / scale, k / scale, None
         if q.shape[0] and q.shape[2]:  # calls without queries: nothing to launch
-            out, rows_lost = triton_backend.pola_linear_attention_triton(q, k, v, power, alpha, eps)
-            if not rows_lost:
-                return out
-            # some rows lie far below the shared shifts (large alpha, magnitudes far
-            # apart): the torch path, whose exact scheme takes such blocks
+            try:
+                out, rows_lost = triton_backend.pola_linear_attention_triton(
+                    q, k, v, power, alpha, eps, fallback=auto)
+            except triton_backend.KernelLaunchError:
+                if not auto:  # warned once; 'auto' takes the torch path from now on
+                    raise
+            else:
+                if not rows_lost:
+                    return out
+                # some rows lie far below the shared shifts (large alpha, magnitudes far
+                # apart): the torch path, whose exact scheme takes such blocks
     form = pola_linear_attention_plain if capturing else pola_linear_attention_blocked
     return _in_float32_unless_float64(form, q, k, v, power, alpha, eps, scale)

@@ -28,7 +28,8 @@ default, as torch's). Install with ``pip install polaformer_mm[triton]``. With
 through Triton's interpreter (the tests use this).
 """
 import os
-from typing import Dict, List, Tuple
+import warnings
+from typing import Callable, Dict, List, Set, Tuple, TypeVar
 
 import torch
 from torch import Tensor
@@ -54,7 +55,8 @@ if _import_error is None:
 
 __all__ = [
     'available', 'unavailable_reason', 'unsupported_reasons', 'check_supported',
-    'pola_linear_attention_triton', 'MAX_HEAD_DIM', 'DTYPES', 'TOLERANCES'
+    'pola_linear_attention_triton', 'KernelLaunchError', 'failed_cases', 'interpreting',
+    'MAX_HEAD_DIM', 'DTYPES', 'TOLERANCES'
 ]
 
 #: Storage dtypes the kernels take (their arithmetic is float32).
@@ -87,9 +89,61 @@ def unavailable_reason() -> str:
     return _import_error or ''
 
 
-def _interpreting() -> bool:
-    """Whether Triton's interpreter runs the kernels (on CPU tensors)."""
+def interpreting() -> bool:
+    """Whether Triton's interpreter runs the kernels (``TRITON_INTERPRET=1``: on CPU
+    tensors)."""
     return os.environ.get('TRITON_INTERPRET', '0') == '1'
+
+
+class KernelLaunchError(RuntimeError):
+    """The kernels failed (to compile or to launch) at the first launch of a case; the
+    case takes the torch path for the rest of the process (:func:`failed_cases`)."""
+
+
+#: Per case (device, head width, storage dtype, precision) whose first launch failed, why.
+_failed: Dict[tuple, str] = {}
+#: The (case, pass) pairs that launched once: 'forward' or 'backward'.
+_launched: Set[Tuple[tuple, str]] = set()
+
+
+def _case(q: Tensor) -> tuple:
+    allow_tf32 = q.device.type == 'cuda' and torch.backends.cuda.matmul.allow_tf32
+    return (str(q.device), q.shape[-1], q.dtype, dot_precision(q.dtype, allow_tf32))
+
+
+def failed_cases() -> Dict[tuple, str]:
+    """The cases (device, head width, storage dtype, precision) whose first launch failed in
+    this process, with the reason; ``backend='auto'`` computes them with the torch path."""
+    return dict(_failed)
+
+
+R = TypeVar('R')
+
+
+def _first_launch(q: Tensor, stage: str, launch: Callable[[], R]) -> R:
+    """``launch()``; at the first ``stage`` ('forward' or 'backward') of q's case, any error
+    it raises (Triton's compiler, ptxas, out of resources, the driver) marks the case as
+    failed, warns once naming the reason, and raises :class:`KernelLaunchError`."""
+    case = _case(q)
+    if (case, stage) in _launched:
+        return launch()
+    try:
+        result = launch()
+    except Exception as error:  # noqa: BLE001  (whatever a GPU's toolchain raises)
+        lines = str(error).strip().splitlines() or ['']
+        reason = f'{type(error).__name__}: {lines[0][:300]}'
+        _failed[case] = reason
+        device, d, dtype, precision = case
+        warnings.warn(
+            f'pola_linear_attention: the Triton kernels failed at their first {stage} launch '
+            f'for head width {d}, {dtype}, {precision} products on {device} ({reason}); this '
+            'case takes the torch path for the rest of the process (POLA_ATTENTION_BACKEND=torch '
+            'chooses the torch path from the start)',
+            RuntimeWarning,
+            stacklevel=2)
+        raise KernelLaunchError(reason) from error
+    _launched.add((case, stage))
+    return result
 
 
 def unsupported_reasons(q: Tensor, k: Tensor, v: Tensor, power: Tensor) -> List[str]:
@@ -110,8 +164,11 @@ def unsupported_reasons(q: Tensor, k: Tensor, v: Tensor, power: Tensor) -> List[
     reasons = []
     if kernels is None:
         reasons.append(_import_error)
-    if q.device.type != 'cuda' and not _interpreting():
+    if q.device.type != 'cuda' and not interpreting():
         reasons.append(f'the kernels need CUDA tensors (got {q.device})')
+    if kernels is not None and _case(q) in _failed:
+        reasons.append(f'the kernels failed at their first launch for head width {q.shape[-1]}, '
+                       f'{q.dtype} in this process ({_failed[_case(q)]})')
     if q.shape[-1] > MAX_HEAD_DIM:
         reasons.append(f'head width {q.shape[-1]} > {MAX_HEAD_DIM}')
     stored = [
@@ -158,7 +215,8 @@ def _splits(rows: int, bh: int, device: torch.device) -> Tuple[int, int]:
 
     Rows per program are a multiple of every BLOCK_N of the launch configurations.
     """
-    block_n = max(config.kwargs['BLOCK_N'] for config in kernels.CONFIGS)
+    block_n = max(config.kwargs['BLOCK_N'] for configs in kernels.CONFIGS.values()
+                  for config in configs)
     blocks = _cdiv(rows, block_n)
     if device.type == 'cuda':
         target = 4 * torch.cuda.get_device_properties(device).multi_processor_count
@@ -169,16 +227,23 @@ def _splits(rows: int, bh: int, device: torch.device) -> Tuple[int, int]:
     return rows_per_split, _cdiv(rows, rows_per_split)
 
 
-def _precision(device: torch.device) -> str:
-    if device.type == 'cuda' and torch.backends.cuda.matmul.allow_tf32:
-        return 'tf32'
-    return 'ieee'
+def dot_precision(dtype: torch.dtype, allow_tf32: bool) -> str:
+    """The kernels' ``PRECISION`` (``tl.dot``'s ``input_precision``) for inputs stored in
+    ``dtype`` when ``torch.backends.cuda.matmul.allow_tf32`` is ``allow_tf32``."""
+    return 'tf32' if allow_tf32 else 'ieee'
 
 
-def _meta(d: int, device: torch.device) -> dict:
-    """The compile-time arguments of every kernel launch (the autotuner adds BLOCK_N,
-    num_warps and num_stages)."""
-    return dict(BLOCK_D=block_d(d), PRECISION=_precision(device), TINY=TINY, enable_fp_fusion=True)
+def constants(d: int, precision: str) -> dict:
+    """The compile-time arguments every kernel launch passes for head width ``d`` (the
+    autotuner adds ``BLOCK_N``, ``num_warps`` and ``num_stages``); the compile report
+    compiles with the same."""
+    return dict(BLOCK_D=block_d(d), PRECISION=precision, TINY=TINY)
+
+
+def _meta(d: int, dtype: torch.dtype, device: torch.device) -> dict:
+    """The keyword arguments of every kernel launch."""
+    allow_tf32 = device.type == 'cuda' and torch.backends.cuda.matmul.allow_tf32
+    return dict(constants(d, dot_precision(dtype, allow_tf32)), enable_fp_fusion=True)
 
 
 def _eps_per_head(eps: EpsType, B: int, h: int, device: torch.device) -> Tensor:
@@ -188,39 +253,104 @@ def _eps_per_head(eps: EpsType, B: int, h: int, device: torch.device) -> Tensor:
     return torch.full((B * h, ), float(eps), dtype=torch.float32, device=device)
 
 
+def _forward_launches(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: float,
+                      eps: EpsType) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The forward kernels: the output, the largest reciprocal denominators per split, and
+    what the backward pass takes (W, the key shifts, eps per (batch, head))."""
+    B, h, N, d = q.shape
+    n = k.shape[2]
+    bh = B * h
+    device = q.device
+    meta = _meta(d, q.dtype, device)
+    p = pola_exponent(power.detach().float(), alpha).reshape(h, d).contiguous()
+    eps_bh = _eps_per_head(eps, B, h, device)
+
+    rows, splits = _splits(n, bh, device)
+    kv_part = torch.empty(bh, splits, 2 * d, d, dtype=torch.float32, device=device)
+    sum_part = torch.empty(bh, splits, 2 * d, dtype=torch.float32, device=device)
+    shift_part = torch.empty(bh, splits, dtype=torch.float32, device=device)
+    kernels.key_summary_kernel[(bh, splits, 2)](k, v, p, kv_part, sum_part, shift_part, *k.stride(),
+                                                *v.stride(), h, n, d, rows, splits, **meta)
+    k_shift = shift_part.amax(dim=1)
+    rescale = torch.exp(shift_part - k_shift[:, None])
+    kv = torch.einsum('bsij,bs->bij', kv_part, rescale).div_(n)
+    k_mean = torch.einsum('bsi,bs->bi', sum_part, rescale).div_(n)
+    W = assemble_summary(kv, k_mean).contiguous()
+
+    out = torch.empty_like(q)
+    rows, splits = _splits(N, bh, device)
+    largest_inv_den = torch.empty(bh, splits, dtype=torch.float32, device=device)
+    kernels.query_forward_kernel[(bh, splits)](q, W, p, eps_bh, k_shift, out,
+                                               largest_inv_den, *q.stride(), *out.stride(), h, N, d,
+                                               value_split(d), rows, splits, **meta)
+    return out, largest_inv_den, W, k_shift, eps_bh
+
+
+def _backward_launches(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: float, W: Tensor,
+                       k_shift: Tensor, eps_bh: Tensor,
+                       grad_out: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The backward kernels: the gradients of q, k, v and ``power``."""
+    B, h, N, d = q.shape
+    n = k.shape[2]
+    bh = B * h
+    device = q.device
+    meta = _meta(d, q.dtype, device)
+    p = pola_exponent(power.detach().float(), alpha).reshape(h, d).contiguous()
+
+    g_q = torch.empty_like(q)
+    rows, splits = _splits(N, bh, device)
+    den_grads = torch.empty(bh, N, 2, dtype=torch.float32, device=device)
+    kernels.query_backward_rows_kernel[(bh, splits)](q, grad_out, W, p, eps_bh, k_shift, den_grads,
+                                                     *q.stride(), *grad_out.stride(), h, N, d,
+                                                     value_split(d), rows, **meta)
+    gp_q = torch.empty(bh, splits, 2, d, dtype=torch.float32, device=device)
+    kernels.query_backward_kernel[(bh, splits, 2)](q, grad_out, W, p, eps_bh, k_shift, den_grads,
+                                                   g_q, gp_q, *q.stride(),
+                                                   *grad_out.stride(), *g_q.stride(), h, N, d,
+                                                   value_split(d), rows, splits, **meta)
+    gw_part = torch.empty(bh, splits, 2 * d, d + 2, dtype=torch.float32, device=device)
+    kernels.summary_backward_kernel[(bh, splits, 2)](q, grad_out, W, p, eps_bh, k_shift, den_grads,
+                                                     gw_part, *q.stride(), *grad_out.stride(), h, N,
+                                                     d, value_split(d), rows, splits, **meta)
+    g_kv, g_mean = summary_grads(gw_part.sum(dim=1), d)
+    g_kv = g_kv.div_(n).contiguous()
+    g_mean = g_mean.div_(n).contiguous()
+
+    g_k = torch.empty_like(k)
+    g_v = torch.empty_like(v)
+    rows, splits = _splits(n, bh, device)
+    kernels.value_backward_kernel[(bh, splits)](k, p, k_shift, g_kv, g_v, *k.stride(),
+                                                *g_v.stride(), h, n, d, rows, **meta)
+    gp_k = torch.empty(bh, splits, 2, d, dtype=torch.float32, device=device)
+    kernels.key_backward_kernel[(bh, splits, 2)](k, v, p, k_shift, g_kv, g_mean, g_k, gp_k,
+                                                 *k.stride(), *v.stride(), *g_k.stride(), h, n, d,
+                                                 rows, splits, **meta)
+    g_p = (gp_q.sum(dim=(1, 2)) + gp_k.sum(dim=(1, 2))).reshape(B, h, d).sum(dim=0)
+    s = torch.sigmoid(power.detach().float()).reshape(h, d)
+    g_power = g_p.mul_(s * (1 - s) * alpha).reshape(power.shape).to(power.dtype)
+    return g_q, g_k, g_v, g_power
+
+
+def _torch_path_grads(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: float, eps: EpsType,
+                      grad_out: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The gradients of q, k, v and ``power`` by the torch path (in float32), for a case whose
+    backward kernels failed at their first launch."""
+    from .function import pola_linear_attention_blocked
+    with torch.enable_grad():
+        inputs = [t.detach().float().requires_grad_() for t in (q, k, v, power)]
+        out = pola_linear_attention_blocked(*inputs, alpha, eps, None)
+        grads = torch.autograd.grad(out, inputs, grad_out.float())
+    return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v, power)))
+
+
 class _PolaAttentionTriton(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: float,
-                eps: EpsType) -> Tensor:
-        B, h, N, d = q.shape
-        n = k.shape[2]
-        bh = B * h
-        device = q.device
-        meta = _meta(d, device)
-        p = pola_exponent(power.detach().float(), alpha).reshape(h, d).contiguous()
-        eps_bh = _eps_per_head(eps, B, h, device)
-
-        rows, splits = _splits(n, bh, device)
-        kv_part = torch.empty(bh, splits, 2 * d, d, dtype=torch.float32, device=device)
-        sum_part = torch.empty(bh, splits, 2 * d, dtype=torch.float32, device=device)
-        shift_part = torch.empty(bh, splits, dtype=torch.float32, device=device)
-        kernels.key_summary_kernel[(bh, splits)](k, v, p, kv_part, sum_part, shift_part,
-                                                 *k.stride(), *v.stride(), h, n, d, rows, splits,
-                                                 **meta)
-        k_shift = shift_part.amax(dim=1)
-        rescale = torch.exp(shift_part - k_shift[:, None])
-        kv = torch.einsum('bsij,bs->bij', kv_part, rescale).div_(n)
-        k_mean = torch.einsum('bsi,bs->bi', sum_part, rescale).div_(n)
-        W = assemble_summary(kv, k_mean).contiguous()
-
-        out = torch.empty_like(q)
-        rows, splits = _splits(N, bh, device)
-        largest_inv_den = torch.empty(bh, splits, dtype=torch.float32, device=device)
-        kernels.query_forward_kernel[(bh, splits)](q, W, p, eps_bh, k_shift, out, largest_inv_den,
-                                                   *q.stride(), *out.stride(), h, N, d,
-                                                   value_split(d), rows, splits, **meta)
-        ctx.alpha = alpha
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: float, eps: EpsType,
+                fallback: bool) -> Tensor:
+        out, largest_inv_den, W, k_shift, eps_bh = _first_launch(
+            q, 'forward', lambda: _forward_launches(q, k, v, power, alpha, eps))
+        ctx.alpha, ctx.eps, ctx.fallback = alpha, eps, fallback
         ctx.save_for_backward(q, k, v, power, W, k_shift, eps_bh)
         ctx.mark_non_differentiable(largest_inv_den)
         return out, largest_inv_den
@@ -229,40 +359,24 @@ class _PolaAttentionTriton(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: Tensor, grad_largest_inv_den: Tensor):
         q, k, v, power, W, k_shift, eps_bh = ctx.saved_tensors
-        B, h, N, d = q.shape
-        n = k.shape[2]
-        bh = B * h
-        device = q.device
-        meta = _meta(d, device)
-        p = pola_exponent(power.detach().float(), ctx.alpha).reshape(h, d).contiguous()
-
-        g_q = torch.empty_like(q)
-        rows, splits = _splits(N, bh, device)
-        gw_part = torch.empty(bh, splits, 2 * d, d + 2, dtype=torch.float32, device=device)
-        gp_q = torch.empty(bh, splits, d, dtype=torch.float32, device=device)
-        kernels.query_backward_kernel[(bh, splits)](q, grad_out, W, p, eps_bh, k_shift, g_q,
-                                                    gw_part, gp_q, *q.stride(),
-                                                    *grad_out.stride(), *g_q.stride(), h, N, d,
-                                                    value_split(d), rows, splits, **meta)
-        g_kv, g_mean = summary_grads(gw_part.sum(dim=1), d)
-        g_kv = g_kv.div_(n).contiguous()
-        g_mean = g_mean.div_(n).contiguous()
-
-        g_k = torch.empty_like(k)
-        g_v = torch.empty_like(v)
-        rows, splits = _splits(n, bh, device)
-        gp_k = torch.empty(bh, splits, d, dtype=torch.float32, device=device)
-        kernels.key_backward_kernel[(bh, splits)](k, v, p, k_shift, g_kv, g_mean, g_k, g_v, gp_k,
-                                                  *k.stride(), *v.stride(), *g_k.stride(),
-                                                  *g_v.stride(), h, n, d, rows, splits, **meta)
-        g_p = (gp_q.sum(dim=1) + gp_k.sum(dim=1)).reshape(B, h, d).sum(dim=0)
-        s = torch.sigmoid(power.detach().float()).reshape(h, d)
-        g_power = g_p.mul_(s * (1 - s) * ctx.alpha).reshape(power.shape).to(power.dtype)
-        return g_q, g_k, g_v, g_power, None, None
+        try:
+            grads = _first_launch(
+                q, 'backward',
+                lambda: _backward_launches(q, k, v, power, ctx.alpha, W, k_shift, eps_bh, grad_out))
+        except KernelLaunchError:
+            if not ctx.fallback:
+                raise
+            grads = _torch_path_grads(q, k, v, power, ctx.alpha, ctx.eps, grad_out)
+        return (*grads, None, None, None)
 
 
-def pola_linear_attention_triton(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: float,
-                                 eps: EpsType) -> Tuple[Tensor, bool]:
+def pola_linear_attention_triton(q: Tensor,
+                                 k: Tensor,
+                                 v: Tensor,
+                                 power: Tensor,
+                                 alpha: float,
+                                 eps: EpsType,
+                                 fallback: bool = False) -> Tuple[Tensor, bool]:
     """The fused kernels; arguments as :func:`~polaformer_mm.ops.pola_linear_attention`
     (already checked there), inputs the kernels take (:func:`check_supported`, which
     this calls) and at least one query (B, N >= 1). Computes in float32.
@@ -274,6 +388,11 @@ def pola_linear_attention_triton(q: Tensor, k: Tensor, v: Tensor, power: Tensor,
         power (Tensor): the raw exponent parameter (1, h, 1, d).
         alpha (float): the exponent is ``1 + alpha * sigmoid(power)``.
         eps (float | Tensor): a float or a tensor broadcastable to (B, h, 1, 1).
+        fallback (bool): when the backward kernels fail at their first launch of this case,
+            compute the gradients with the torch path instead of raising (the dispatch's
+            ``backend='auto'``). A failure of the forward kernels raises
+            :class:`KernelLaunchError` either way (after one warning), and the case counts as
+            failed for the rest of the process (:func:`failed_cases`).
 
     Returns:
         tuple[Tensor, bool]: the output (B, h, N, d) in q's dtype and memory layout, and
@@ -286,5 +405,5 @@ def pola_linear_attention_triton(q: Tensor, k: Tensor, v: Tensor, power: Tensor,
         raise ValueError('pola_linear_attention_triton: no queries (q shape '
                          f'{tuple(q.shape)}), nothing to launch; the torch path takes such calls')
     with torch.autocast(q.device.type, enabled=False):
-        out, largest_inv_den = _PolaAttentionTriton.apply(q, k, v, power, alpha, eps)
+        out, largest_inv_den = _PolaAttentionTriton.apply(q, k, v, power, alpha, eps, fallback)
     return out, shared_shifts_lose_rows(largest_inv_den)

@@ -8,28 +8,113 @@ denominators of the same-signed and the opposite stream). A feature is
 ``exp(p log max(|x|, tiny) - M)`` masked by the sign of x, so exact zeros give zero
 features and never raise the shift ``M`` (which is at least 0).
 """
+import functools
 import os
+from typing import Optional
 
 import triton
 import triton.language as tl
 
-#: Launch configurations tried once per head width and storage dtype on the GPU (the
-#: fastest wins; ones that do not fit the GPU's shared memory are skipped). The first
-#: is the one the interpreter runs.
-CONFIGS = [
-    triton.Config({'BLOCK_N': 64}, num_warps=4, num_stages=2),
-    triton.Config({'BLOCK_N': 64}, num_warps=8, num_stages=2),
-    triton.Config({'BLOCK_N': 32}, num_warps=4, num_stages=2),
-    triton.Config({'BLOCK_N': 32}, num_warps=4, num_stages=1),
-]
+from .triton_resources import Limits, Usage, candidates
+
+#: Per kernel, the launch configurations its autotuner may time, once per head width,
+#: precision and storage dtypes. Before timing, :func:`fitting_configs` compiles each for
+#: the running GPU and keeps those that fit it (:mod:`.triton_resources`). The first is
+#: the one the interpreter runs.
+CONFIGS = {
+    name: [
+        triton.Config({'BLOCK_N': 64}, num_warps=8, num_stages=2),
+        triton.Config({'BLOCK_N': 32}, num_warps=8, num_stages=2),
+        triton.Config({'BLOCK_N': 32}, num_warps=4, num_stages=2),
+        triton.Config({'BLOCK_N': 16}, num_warps=8, num_stages=2),
+        triton.Config({'BLOCK_N': 16}, num_warps=4, num_stages=2),
+    ]
+    for name in ('key_summary', 'query_forward', 'query_backward_rows', 'query_backward',
+                 'summary_backward', 'value_backward', 'key_backward')
+}
+
+#: Per kernel, its pointer arguments held in the inputs' storage dtype (the others point to
+#: float32 buffers); every other argument that is not a ``tl.constexpr`` is an int32.
+STORAGE_ARGS = {
+    'key_summary': ('K', 'V'),
+    'query_forward': ('Q', 'OUT'),
+    'query_backward_rows': ('Q', 'GO'),
+    'query_backward': ('Q', 'GO', 'GQ'),
+    'summary_backward': ('Q', 'GO'),
+    'value_backward': ('K', 'GV'),
+    'key_backward': ('K', 'V', 'GK'),
+}
+
+#: The int32 arguments besides the strides (``stride_*``); the other arguments that are not
+#: a ``tl.constexpr`` are pointers.
+INT_ARGS = ('H', 'N', 'n', 'd', 'd1', 'rows_per_split', 'n_splits')
 
 
-def _autotune(fn):
+def signature(name: str, storage: str) -> dict:
+    """Triton's signature of kernel ``name`` (a key of :data:`KERNELS`) for inputs stored as
+    ``storage`` ('fp32', 'fp16' or 'bf16'): what ``triton.compile`` takes to compile it for
+    a target without launching it (the compile report)."""
+    types = {}
+    for param in KERNELS[name].fn.params:
+        if param.is_constexpr:
+            types[param.name] = 'constexpr'
+        elif param.name.startswith('stride_') or param.name in INT_ARGS:
+            types[param.name] = 'i32'
+        else:
+            types[param.name] = '*' + (storage if param.name in STORAGE_ARGS[name] else 'fp32')
+    return types
+
+
+def _device_limits():
+    """The running GPU's per-block limits, from Triton's driver."""
+    from triton.runtime import driver
+    props = driver.active.utils.get_device_properties(driver.active.get_current_device())
+    return Limits(shared=props['max_shared_mem'], registers=props['max_num_regs'])
+
+
+def _usage(jit_fn, args: dict, meta: dict, config) -> Optional[Usage]:
+    """Compile ``config`` for the running GPU (Triton caches it for the launch) and read
+    what it uses; None where this Triton does not say."""
+    try:
+        compiled = jit_fn.warmup(**args, **meta, **config.all_kwargs(), grid=(1, ))
+        shared = compiled.metadata.shared
+        threads = compiled.metadata.num_warps * 32
+        try:
+            compiled._init_handles()  # loads the binary: registers and local memory
+        except triton.runtime.errors.OutOfResources:
+            return Usage(0, 0, 0, shared, threads)  # too much shared memory for this GPU
+        return Usage(compiled.n_regs, compiled.n_spills, compiled.n_spills, shared, threads)
+    except Exception:  # noqa: BLE001  (an older Triton's API; the launch decides)
+        return None
+
+
+def fitting_configs(jit_fn, configs, named_args, **meta):
+    """The autotuner's ``early_config_prune``: of ``configs``, the ones that fit the
+    running GPU, without spilling ones where some do not spill
+    (:func:`~.triton_resources.candidates`); all of them if none fits, so that the launch
+    names the problem."""
+    limits = _device_limits()
+    kept = candidates([(cfg, _usage(jit_fn, named_args, meta, cfg)) for cfg in configs], limits)
+    return kept or list(configs)
+
+
+def _autotune(name):
     # Triton's interpreter (TRITON_INTERPRET=1, read before Triton is imported) runs one
     # configuration: the autotuner times its configurations through the GPU driver, which the
     # interpreter may not have (Triton 3.7 asks for it even for a single pruned configuration).
     interpreting = os.environ.get('TRITON_INTERPRET', '0') == '1'
-    return triton.autotune(configs=CONFIGS[:1] if interpreting else CONFIGS, key=['d'])(fn)
+
+    def wrap(jit_fn):
+        if interpreting:
+            return triton.autotune(configs=CONFIGS[name][:1], key=['d', 'PRECISION'])(jit_fn)
+        prune = functools.partial(fitting_configs, jit_fn)
+        return triton.autotune(
+            configs=CONFIGS[name],
+            key=['d', 'PRECISION'],
+            prune_configs_by={'early_config_prune': prune})(
+                jit_fn)
+
+    return wrap
 
 
 @triton.jit
@@ -57,34 +142,39 @@ def _store_block(base, value, offs_n, offs_d, stride_n, stride_d, mask):
 
 
 @triton.jit
-def _load_summary(W, offs_d, d, d_mask):
-    """The blocks of W (2d, d+2) that q+ and q- multiply."""
-    w_mask = d_mask[:, None] & d_mask[None, :]
-    row_pos = offs_d[:, None] * (d + 2)
-    row_neg = (d + offs_d[:, None]) * (d + 2)
-    w_pos = tl.load(W + row_pos + offs_d[None, :], mask=w_mask, other=0.)
-    w_neg = tl.load(W + row_neg + offs_d[None, :], mask=w_mask, other=0.)
+def _load_square(base, offs_d, row_stride, d_mask):
+    """A (BLOCK_D, BLOCK_D) block of float32 rows ``row_stride`` apart."""
+    mask = d_mask[:, None] & d_mask[None, :]
+    return tl.load(base + offs_d[:, None] * row_stride + offs_d[None, :], mask=mask, other=0.)
+
+
+@triton.jit
+def _load_denominators(W, offs_d, d, d_mask):
+    """The denominator columns of W: those of the same-signed and of the opposite stream,
+    for the rows that q+ and q- multiply."""
     den_s_pos = tl.load(W + offs_d * (d + 2) + d, mask=d_mask, other=0.)
     den_s_neg = tl.load(W + (d + offs_d) * (d + 2) + d, mask=d_mask, other=0.)
     den_o_pos = tl.load(W + offs_d * (d + 2) + d + 1, mask=d_mask, other=0.)
     den_o_neg = tl.load(W + (d + offs_d) * (d + 2) + d + 1, mask=d_mask, other=0.)
-    return w_pos, w_neg, den_s_pos, den_s_neg, den_o_pos, den_o_neg
+    return den_s_pos, den_s_neg, den_o_pos, den_o_neg
 
 
-@_autotune
+@_autotune('key_summary')
 @triton.jit
 def key_summary_kernel(K, V, P, KV, KMEAN, KMAX, stride_kb, stride_kh, stride_kn, stride_kd,
                        stride_vb, stride_vh, stride_vn, stride_vd, H, n, d, rows_per_split,
                        n_splits, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                        PRECISION: tl.constexpr, TINY: tl.constexpr):
-    """Per (batch*head, split): [k+, k-]^T v, the feature sums and the shift used.
+    """Per (batch*head, split, stream): k_s^T v, the feature sums and the shift used.
 
-    Within a split the shift is the running max of p log|k| (at least 0); the
-    accumulators are rescaled when it grows. The caller rescales the splits to their
-    common max and adds them.
+    Within a split the shift is the running max of p log|k| over both streams (at least
+    0); the accumulators are rescaled when it grows. The caller rescales the splits to
+    their common max and adds them.
     """
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
+    sign = tl.program_id(2)  # 0: k+, 1: k-
+    own = 1. - 2. * sign.to(tl.float32)  # k * own > 0 on this stream's entries
     b = (pid_bh // H).to(tl.int64)
     hh = pid_bh % H
     offs_d = tl.arange(0, BLOCK_D)
@@ -93,10 +183,8 @@ def key_summary_kernel(K, V, P, KV, KMEAN, KMAX, stride_kb, stride_kh, stride_kn
     k_base = K + b * stride_kb + hh * stride_kh
     v_base = V + b * stride_vb + hh * stride_vh
 
-    acc_pos = tl.zeros([BLOCK_D, BLOCK_D], dtype=tl.float32)
-    acc_neg = tl.zeros([BLOCK_D, BLOCK_D], dtype=tl.float32)
-    sum_pos = tl.zeros([BLOCK_D], dtype=tl.float32)
-    sum_neg = tl.zeros([BLOCK_D], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_D, BLOCK_D], dtype=tl.float32)
+    sums = tl.zeros([BLOCK_D], dtype=tl.float32)
     shift = tl.max(tl.zeros([BLOCK_D], dtype=tl.float32), axis=0)
     start = pid_s * rows_per_split
     end = tl.minimum(start + rows_per_split, n)
@@ -104,27 +192,21 @@ def key_summary_kernel(K, V, P, KV, KMEAN, KMAX, stride_kb, stride_kh, stride_kn
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask = (offs_n < end)[:, None] & d_mask[None, :]
         k = _load_block(k_base, offs_n, offs_d, stride_kn, stride_kd, mask)
-        v = _load_block(v_base, offs_n, offs_d, stride_vn, stride_vd, mask)
         scaled = _log_abs(k, TINY) * p[None, :]
         new_shift = tl.maximum(shift, tl.max(scaled))
         rescale = tl.exp(shift - new_shift)
-        phi = tl.exp(scaled - new_shift)
-        k_pos = tl.where(k > 0, phi, 0.)
-        k_neg = tl.where(k < 0, phi, 0.)
-        acc_pos = tl.dot(tl.trans(k_pos), v, acc_pos * rescale, input_precision=PRECISION)
-        acc_neg = tl.dot(tl.trans(k_neg), v, acc_neg * rescale, input_precision=PRECISION)
-        sum_pos = sum_pos * rescale + tl.sum(k_pos, axis=0)
-        sum_neg = sum_neg * rescale + tl.sum(k_neg, axis=0)
+        k_own = tl.where(k * own > 0, tl.exp(scaled - new_shift), 0.)
+        v = _load_block(v_base, offs_n, offs_d, stride_vn, stride_vd, mask)
+        acc = tl.dot(tl.trans(k_own), v, acc * rescale, input_precision=PRECISION)
+        sums = sums * rescale + tl.sum(k_own, axis=0)
         shift = new_shift
 
     part = (pid_bh * n_splits + pid_s).to(tl.int64)
     kv_mask = d_mask[:, None] & d_mask[None, :]
-    kv_base = KV + part * (2 * d * d)
-    tl.store(kv_base + offs_d[:, None] * d + offs_d[None, :], acc_pos, mask=kv_mask)
-    tl.store(kv_base + (d + offs_d[:, None]) * d + offs_d[None, :], acc_neg, mask=kv_mask)
-    tl.store(KMEAN + part * (2 * d) + offs_d, sum_pos, mask=d_mask)
-    tl.store(KMEAN + part * (2 * d) + d + offs_d, sum_neg, mask=d_mask)
-    tl.store(KMAX + part, shift)
+    rows = sign * d + offs_d
+    tl.store(KV + part * (2 * d * d) + rows[:, None] * d + offs_d[None, :], acc, mask=kv_mask)
+    tl.store(KMEAN + part * (2 * d) + rows, sums, mask=d_mask)
+    tl.store(KMAX + part, shift, mask=sign == 0)
 
 
 @triton.jit
@@ -136,7 +218,27 @@ def _query_features(q, p, TINY: tl.constexpr):
     return tl.where(q > 0, phi, 0.), tl.where(q < 0, phi, 0.), shift, log_abs
 
 
-@_autotune
+@triton.jit
+def _reciprocal_denominators(q_pos, q_neg, shift, W, offs_d, d, d_mask, eps, k_shift,
+                             TINY: tl.constexpr):
+    """Per query row, 1 / (denominator + scaled eps) of the same-signed and the opposite
+    stream."""
+    den_s_pos, den_s_neg, den_o_pos, den_o_neg = _load_denominators(W, offs_d, d, d_mask)
+    den_s = tl.sum(q_pos * den_s_pos[None, :] + q_neg * den_s_neg[None, :], axis=1)
+    den_o = tl.sum(q_pos * den_o_pos[None, :] + q_neg * den_o_neg[None, :], axis=1)
+    eps_scaled = _scaled_eps(eps, shift, k_shift, TINY)
+    return 1. / (den_s + eps_scaled), 1. / (den_o + eps_scaled)
+
+
+@triton.jit
+def _numerators(q_pos, q_neg, W, offs_d, d, d_mask, PRECISION: tl.constexpr):
+    """[q+, q-] times the numerator columns of W, one stream's rows after the other."""
+    num = tl.dot(q_pos, _load_square(W, offs_d, d + 2, d_mask), input_precision=PRECISION)
+    w_neg = _load_square(W + d * (d + 2), offs_d, d + 2, d_mask)
+    return tl.dot(q_neg, w_neg, num, input_precision=PRECISION)
+
+
+@_autotune('query_forward')
 @triton.jit
 def query_forward_kernel(Q, W, P, EPS, KMAX, OUT, LARGEST_INV_DEN, stride_qb, stride_qh, stride_qn,
                          stride_qd, stride_ob, stride_oh, stride_on, stride_od, H, N, d, d1,
@@ -153,8 +255,7 @@ def query_forward_kernel(Q, W, P, EPS, KMAX, OUT, LARGEST_INV_DEN, stride_qb, st
     d_mask = offs_d < d
     first = offs_d[None, :] < d1
     p = tl.load(P + hh * d + offs_d, mask=d_mask, other=1.)
-    w_pos, w_neg, den_s_pos, den_s_neg, den_o_pos, den_o_neg = _load_summary(
-        W + pid_bh.to(tl.int64) * (2 * d * (d + 2)), offs_d, d, d_mask)
+    w_base = W + pid_bh.to(tl.int64) * (2 * d * (d + 2))
     eps = tl.load(EPS + pid_bh)
     k_shift = tl.load(KMAX + pid_bh)
     q_base = Q + b * stride_qb + hh * stride_qh
@@ -169,28 +270,24 @@ def query_forward_kernel(Q, W, P, EPS, KMAX, OUT, LARGEST_INV_DEN, stride_qb, st
         mask = rows[:, None] & d_mask[None, :]
         q = _load_block(q_base, offs_n, offs_d, stride_qn, stride_qd, mask)
         q_pos, q_neg, shift, _ = _query_features(q, p, TINY)
-        num = tl.dot(q_pos, w_pos, input_precision=PRECISION)
-        num = tl.dot(q_neg, w_neg, num, input_precision=PRECISION)
-        den_s = tl.sum(q_pos * den_s_pos[None, :] + q_neg * den_s_neg[None, :], axis=1)
-        den_o = tl.sum(q_pos * den_o_pos[None, :] + q_neg * den_o_neg[None, :], axis=1)
-        eps_scaled = _scaled_eps(eps, shift, k_shift, TINY)
-        inv_s = 1. / (den_s + eps_scaled)
-        inv_o = 1. / (den_o + eps_scaled)
+        inv_s, inv_o = _reciprocal_denominators(q_pos, q_neg, shift, w_base, offs_d, d, d_mask, eps,
+                                                k_shift, TINY)
         block_largest = tl.max(tl.where(rows, tl.maximum(inv_s, inv_o), 0.), axis=0)
         largest_inv_den = tl.maximum(largest_inv_den, block_largest)
+        num = _numerators(q_pos, q_neg, w_base, offs_d, d, d_mask, PRECISION)
         out = num * tl.where(first, inv_s[:, None], inv_o[:, None])
         _store_block(out_base, out, offs_n, offs_d, stride_on, stride_od, mask)
     tl.store(LARGEST_INV_DEN + pid_bh * n_splits + pid_s, largest_inv_den)
 
 
-@_autotune
+@_autotune('query_backward_rows')
 @triton.jit
-def query_backward_kernel(Q, GO, W, P, EPS, KMAX, GQ, GW, GP, stride_qb, stride_qh, stride_qn,
-                          stride_qd, stride_gob, stride_goh, stride_gon, stride_god, stride_gqb,
-                          stride_gqh, stride_gqn, stride_gqd, H, N, d, d1, rows_per_split, n_splits,
-                          BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-                          TINY: tl.constexpr):
-    """Gradient of q, and per split the partial gradients of W and of the exponent."""
+def query_backward_rows_kernel(Q, GO, W, P, EPS, KMAX, A, stride_qb, stride_qh, stride_qn,
+                               stride_qd, stride_gob, stride_goh, stride_gon, stride_god, H, N, d,
+                               d1, rows_per_split, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                               PRECISION: tl.constexpr, TINY: tl.constexpr):
+    """Per query row, the gradients of its two denominators (A, (batch*head, N, 2)):
+    ``-(1 / den) * sum of g_c * out_c`` over each stream's channels."""
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
@@ -199,76 +296,164 @@ def query_backward_kernel(Q, GO, W, P, EPS, KMAX, GQ, GW, GP, stride_qb, stride_
     d_mask = offs_d < d
     first = offs_d[None, :] < d1
     p = tl.load(P + hh * d + offs_d, mask=d_mask, other=1.)
-    w_pos, w_neg, den_s_pos, den_s_neg, den_o_pos, den_o_neg = _load_summary(
-        W + pid_bh.to(tl.int64) * (2 * d * (d + 2)), offs_d, d, d_mask)
+    w_base = W + pid_bh.to(tl.int64) * (2 * d * (d + 2))
+    eps = tl.load(EPS + pid_bh)
+    k_shift = tl.load(KMAX + pid_bh)
+    q_base = Q + b * stride_qb + hh * stride_qh
+    go_base = GO + b * stride_gob + hh * stride_goh
+    a_base = A + pid_bh.to(tl.int64) * (2 * N)
+
+    start = pid_s * rows_per_split
+    end = tl.minimum(start + rows_per_split, N)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        rows = offs_n < end
+        mask = rows[:, None] & d_mask[None, :]
+        q = _load_block(q_base, offs_n, offs_d, stride_qn, stride_qd, mask)
+        q_pos, q_neg, shift, _ = _query_features(q, p, TINY)
+        inv_s, inv_o = _reciprocal_denominators(q_pos, q_neg, shift, w_base, offs_d, d, d_mask, eps,
+                                                k_shift, TINY)
+        go_num = _numerators(q_pos, q_neg, w_base, offs_d, d, d_mask, PRECISION)
+        go_num *= _load_block(go_base, offs_n, offs_d, stride_gon, stride_god, mask)
+        a_s = -inv_s * inv_s * tl.sum(tl.where(first, go_num, 0.), axis=1)
+        a_o = -inv_o * inv_o * tl.sum(tl.where(first, 0., go_num), axis=1)
+        tl.store(a_base + 2 * offs_n, a_s, mask=rows)
+        tl.store(a_base + 2 * offs_n + 1, a_o, mask=rows)
+
+
+@triton.jit
+def _query_block_grads(q_base, go_base, a_base, w_base, p, eps, k_shift, own, offs_n, offs_d, mask,
+                       rows, first, d, d_mask, stride_qn, stride_qd, stride_gon, stride_god,
+                       TINY: tl.constexpr):
+    """For a block of query rows and one stream: q, its log-magnitudes, the stream's
+    features, the gradient of the numerators (g / den) and those of the denominators."""
+    q = _load_block(q_base, offs_n, offs_d, stride_qn, stride_qd, mask)
+    q_pos, q_neg, shift, log_abs = _query_features(q, p, TINY)
+    inv_s, inv_o = _reciprocal_denominators(q_pos, q_neg, shift, w_base, offs_d, d, d_mask, eps,
+                                            k_shift, TINY)
+    q_own = tl.where(q * own > 0, q_pos + q_neg, 0.)
+    g_num = _load_block(go_base, offs_n, offs_d, stride_gon, stride_god, mask)
+    g_num *= tl.where(first, inv_s[:, None], inv_o[:, None])
+    a_s = tl.load(a_base + 2 * offs_n, mask=rows, other=0.)
+    a_o = tl.load(a_base + 2 * offs_n + 1, mask=rows, other=0.)
+    return q, log_abs, q_own, g_num, a_s, a_o
+
+
+@_autotune('query_backward')
+@triton.jit
+def query_backward_kernel(Q, GO, W, P, EPS, KMAX, A, GQ, GP, stride_qb, stride_qh, stride_qn,
+                          stride_qd, stride_gob, stride_goh, stride_gon, stride_god, stride_gqb,
+                          stride_gqh, stride_gqn, stride_gqd, H, N, d, d1, rows_per_split, n_splits,
+                          BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+                          TINY: tl.constexpr):
+    """Per (batch*head, split, stream): the gradient of q on the stream's entries (q >= 0
+    for q+, q < 0 for q-) and the partial gradient of the exponent. Takes the
+    denominators' gradients of :func:`query_backward_rows_kernel` (A)."""
+    pid_bh = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    sign = tl.program_id(2)  # 0: q+, 1: q-
+    own = 1. - 2. * sign.to(tl.float32)
+    b = (pid_bh // H).to(tl.int64)
+    hh = pid_bh % H
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < d
+    first = offs_d[None, :] < d1
+    p = tl.load(P + hh * d + offs_d, mask=d_mask, other=1.)
+    w_base = W + pid_bh.to(tl.int64) * (2 * d * (d + 2))
+    w_own_base = w_base + sign * d * (d + 2)
+    den_s_own = tl.load(w_own_base + offs_d * (d + 2) + d, mask=d_mask, other=0.)
+    den_o_own = tl.load(w_own_base + offs_d * (d + 2) + d + 1, mask=d_mask, other=0.)
     eps = tl.load(EPS + pid_bh)
     k_shift = tl.load(KMAX + pid_bh)
     q_base = Q + b * stride_qb + hh * stride_qh
     go_base = GO + b * stride_gob + hh * stride_goh
     gq_base = GQ + b * stride_gqb + hh * stride_gqh
+    a_base = A + pid_bh.to(tl.int64) * (2 * N)
 
-    acc_w_pos = tl.zeros([BLOCK_D, BLOCK_D], dtype=tl.float32)
-    acc_w_neg = tl.zeros([BLOCK_D, BLOCK_D], dtype=tl.float32)
-    acc_s_pos = tl.zeros([BLOCK_D], dtype=tl.float32)
-    acc_s_neg = tl.zeros([BLOCK_D], dtype=tl.float32)
-    acc_o_pos = tl.zeros([BLOCK_D], dtype=tl.float32)
-    acc_o_neg = tl.zeros([BLOCK_D], dtype=tl.float32)
     acc_p = tl.zeros([BLOCK_D], dtype=tl.float32)
     start = pid_s * rows_per_split
     end = tl.minimum(start + rows_per_split, N)
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask = (offs_n < end)[:, None] & d_mask[None, :]
-        q = _load_block(q_base, offs_n, offs_d, stride_qn, stride_qd, mask)
-        go = _load_block(go_base, offs_n, offs_d, stride_gon, stride_god, mask)
-        q_pos, q_neg, shift, log_abs = _query_features(q, p, TINY)
-        num = tl.dot(q_pos, w_pos, input_precision=PRECISION)
-        num = tl.dot(q_neg, w_neg, num, input_precision=PRECISION)
-        den_s = tl.sum(q_pos * den_s_pos[None, :] + q_neg * den_s_neg[None, :], axis=1)
-        den_o = tl.sum(q_pos * den_o_pos[None, :] + q_neg * den_o_neg[None, :], axis=1)
-        eps_scaled = _scaled_eps(eps, shift, k_shift, TINY)
-        inv_s = 1. / (den_s + eps_scaled)
-        inv_o = 1. / (den_o + eps_scaled)
-        inv = tl.where(first, inv_s[:, None], inv_o[:, None])
-        g_num = go * inv
-        go_out = g_num * num  # g_c * out_c
-        a_s = -inv_s * tl.sum(tl.where(first, go_out, 0.), axis=1)
-        a_o = -inv_o * tl.sum(tl.where(first, 0., go_out), axis=1)
-        g_pos = tl.dot(g_num, tl.trans(w_pos), input_precision=PRECISION)
-        g_pos += a_s[:, None] * den_s_pos[None, :] + a_o[:, None] * den_o_pos[None, :]
-        g_neg = tl.dot(g_num, tl.trans(w_neg), input_precision=PRECISION)
-        g_neg += a_s[:, None] * den_s_neg[None, :] + a_o[:, None] * den_o_neg[None, :]
-        acc_w_pos = tl.dot(tl.trans(q_pos), g_num, acc_w_pos, input_precision=PRECISION)
-        acc_w_neg = tl.dot(tl.trans(q_neg), g_num, acc_w_neg, input_precision=PRECISION)
-        acc_s_pos += tl.sum(q_pos * a_s[:, None], axis=0)
-        acc_s_neg += tl.sum(q_neg * a_s[:, None], axis=0)
-        acc_o_pos += tl.sum(q_pos * a_o[:, None], axis=0)
-        acc_o_neg += tl.sum(q_neg * a_o[:, None], axis=0)
-        r = g_pos * q_pos + g_neg * q_neg  # g * f on the channel's own polarity
+        rows = offs_n < end
+        mask = rows[:, None] & d_mask[None, :]
+        q, log_abs, q_own, g_num, a_s, a_o = _query_block_grads(q_base, go_base, a_base, w_base, p,
+                                                                eps, k_shift, own, offs_n, offs_d,
+                                                                mask, rows, first, d, d_mask,
+                                                                stride_qn, stride_qd, stride_gon,
+                                                                stride_god, TINY)
+        w_own = _load_square(w_own_base, offs_d, d + 2, d_mask)
+        g_own = tl.dot(g_num, tl.trans(w_own), input_precision=PRECISION)
+        g_own += a_s[:, None] * den_s_own[None, :] + a_o[:, None] * den_o_own[None, :]
+        r = g_own * q_own  # g * f on the stream's entries
         acc_p += tl.sum(r * log_abs, axis=0)
         g_q = r * p[None, :] / tl.where(q == 0, 1., q)
-        _store_block(gq_base, g_q, offs_n, offs_d, stride_gqn, stride_gqd, mask)
+        stored = mask & ((q < 0) == (sign == 1))  # q+ takes the zeros
+        _store_block(gq_base, g_q, offs_n, offs_d, stride_gqn, stride_gqd, stored)
 
     part = (pid_bh * n_splits + pid_s).to(tl.int64)
-    gw_base = GW + part * (2 * d * (d + 2))
-    w_mask = d_mask[:, None] & d_mask[None, :]
-    tl.store(gw_base + offs_d[:, None] * (d + 2) + offs_d[None, :], acc_w_pos, mask=w_mask)
-    tl.store(gw_base + (d + offs_d[:, None]) * (d + 2) + offs_d[None, :], acc_w_neg, mask=w_mask)
-    tl.store(gw_base + offs_d * (d + 2) + d, acc_s_pos, mask=d_mask)
-    tl.store(gw_base + (d + offs_d) * (d + 2) + d, acc_s_neg, mask=d_mask)
-    tl.store(gw_base + offs_d * (d + 2) + d + 1, acc_o_pos, mask=d_mask)
-    tl.store(gw_base + (d + offs_d) * (d + 2) + d + 1, acc_o_neg, mask=d_mask)
-    tl.store(GP + part * d + offs_d, acc_p, mask=d_mask)
+    tl.store(GP + (part * 2 + sign) * d + offs_d, acc_p, mask=d_mask)
 
 
-@_autotune
+@_autotune('summary_backward')
 @triton.jit
-def key_backward_kernel(K, V, P, KMAX, GKV, GMEAN, GK, GV, GP, stride_kb, stride_kh, stride_kn,
-                        stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_gkb,
-                        stride_gkh, stride_gkn, stride_gkd, stride_gvb, stride_gvh, stride_gvn,
-                        stride_gvd, H, n, d, rows_per_split, n_splits, BLOCK_N: tl.constexpr,
-                        BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, TINY: tl.constexpr):
-    """Gradients of k and v from those of [k+, k-]^T v / n (GKV) and the key means."""
+def summary_backward_kernel(Q, GO, W, P, EPS, KMAX, A, GW, stride_qb, stride_qh, stride_qn,
+                            stride_qd, stride_gob, stride_goh, stride_gon, stride_god, H, N, d, d1,
+                            rows_per_split, n_splits, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                            PRECISION: tl.constexpr, TINY: tl.constexpr):
+    """Per (batch*head, split, stream): the partial gradient of the stream's rows of W,
+    ``q_s^T (g / den)`` and the denominator columns. Takes the denominators' gradients of
+    :func:`query_backward_rows_kernel` (A)."""
+    pid_bh = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    sign = tl.program_id(2)  # 0: q+, 1: q-
+    own = 1. - 2. * sign.to(tl.float32)
+    b = (pid_bh // H).to(tl.int64)
+    hh = pid_bh % H
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < d
+    first = offs_d[None, :] < d1
+    p = tl.load(P + hh * d + offs_d, mask=d_mask, other=1.)
+    w_base = W + pid_bh.to(tl.int64) * (2 * d * (d + 2))
+    eps = tl.load(EPS + pid_bh)
+    k_shift = tl.load(KMAX + pid_bh)
+    q_base = Q + b * stride_qb + hh * stride_qh
+    go_base = GO + b * stride_gob + hh * stride_goh
+    a_base = A + pid_bh.to(tl.int64) * (2 * N)
+
+    acc_w = tl.zeros([BLOCK_D, BLOCK_D], dtype=tl.float32)
+    acc_s = tl.zeros([BLOCK_D], dtype=tl.float32)
+    acc_o = tl.zeros([BLOCK_D], dtype=tl.float32)
+    start = pid_s * rows_per_split
+    end = tl.minimum(start + rows_per_split, N)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        rows = offs_n < end
+        mask = rows[:, None] & d_mask[None, :]
+        q, log_abs, q_own, g_num, a_s, a_o = _query_block_grads(q_base, go_base, a_base, w_base, p,
+                                                                eps, k_shift, own, offs_n, offs_d,
+                                                                mask, rows, first, d, d_mask,
+                                                                stride_qn, stride_qd, stride_gon,
+                                                                stride_god, TINY)
+        acc_w = tl.dot(tl.trans(q_own), g_num, acc_w, input_precision=PRECISION)
+        acc_s += tl.sum(q_own * a_s[:, None], axis=0)
+        acc_o += tl.sum(q_own * a_o[:, None], axis=0)
+
+    part = (pid_bh * n_splits + pid_s).to(tl.int64)
+    gw_base = GW + part * (2 * d * (d + 2)) + sign * d * (d + 2)
+    w_mask = d_mask[:, None] & d_mask[None, :]
+    tl.store(gw_base + offs_d[:, None] * (d + 2) + offs_d[None, :], acc_w, mask=w_mask)
+    tl.store(gw_base + offs_d * (d + 2) + d, acc_s, mask=d_mask)
+    tl.store(gw_base + offs_d * (d + 2) + d + 1, acc_o, mask=d_mask)
+
+
+@_autotune('value_backward')
+@triton.jit
+def value_backward_kernel(K, P, KMAX, GKV, GV, stride_kb, stride_kh, stride_kn, stride_kd,
+                          stride_gvb, stride_gvh, stride_gvn, stride_gvd, H, n, d, rows_per_split,
+                          BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+                          TINY: tl.constexpr):
+    """The gradient of v from that of [k+, k-]^T v / n (GKV): [k+, k-] GKV."""
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
@@ -278,17 +463,49 @@ def key_backward_kernel(K, V, P, KMAX, GKV, GMEAN, GK, GV, GP, stride_kb, stride
     p = tl.load(P + hh * d + offs_d, mask=d_mask, other=1.)
     k_shift = tl.load(KMAX + pid_bh)
     gkv_base = GKV + pid_bh.to(tl.int64) * (2 * d * d)
-    g_mask = d_mask[:, None] & d_mask[None, :]
-    g_kv_pos = tl.load(gkv_base + offs_d[:, None] * d + offs_d[None, :], mask=g_mask, other=0.)
-    g_kv_neg = tl.load(
-        gkv_base + (d + offs_d[:, None]) * d + offs_d[None, :], mask=g_mask, other=0.)
-    gmean_base = GMEAN + pid_bh.to(tl.int64) * (2 * d)
-    g_mean_pos = tl.load(gmean_base + offs_d, mask=d_mask, other=0.)
-    g_mean_neg = tl.load(gmean_base + d + offs_d, mask=d_mask, other=0.)
+    k_base = K + b * stride_kb + hh * stride_kh
+    gv_base = GV + b * stride_gvb + hh * stride_gvh
+
+    start = pid_s * rows_per_split
+    end = tl.minimum(start + rows_per_split, n)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask = (offs_n < end)[:, None] & d_mask[None, :]
+        k = _load_block(k_base, offs_n, offs_d, stride_kn, stride_kd, mask)
+        phi = tl.exp(_log_abs(k, TINY) * p[None, :] - k_shift)
+        g_kv_pos = _load_square(gkv_base, offs_d, d, d_mask)
+        g_v = tl.dot(tl.where(k > 0, phi, 0.), g_kv_pos, input_precision=PRECISION)
+        g_kv_neg = _load_square(gkv_base + d * d, offs_d, d, d_mask)
+        g_v = tl.dot(tl.where(k < 0, phi, 0.), g_kv_neg, g_v, input_precision=PRECISION)
+        _store_block(gv_base, g_v, offs_n, offs_d, stride_gvn, stride_gvd, mask)
+
+
+@_autotune('key_backward')
+@triton.jit
+def key_backward_kernel(K, V, P, KMAX, GKV, GMEAN, GK, GP, stride_kb, stride_kh, stride_kn,
+                        stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_gkb,
+                        stride_gkh, stride_gkn, stride_gkd, H, n, d, rows_per_split, n_splits,
+                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+                        TINY: tl.constexpr):
+    """Per (batch*head, split, stream): the gradient of k on the stream's entries (k >= 0
+    for k+, k < 0 for k-) from those of [k+, k-]^T v / n (GKV) and the key means, and the
+    partial gradient of the exponent."""
+    pid_bh = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    sign = tl.program_id(2)  # 0: k+, 1: k-
+    own = 1. - 2. * sign.to(tl.float32)
+    b = (pid_bh // H).to(tl.int64)
+    hh = pid_bh % H
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < d
+    p = tl.load(P + hh * d + offs_d, mask=d_mask, other=1.)
+    k_shift = tl.load(KMAX + pid_bh)
+    gkv_own = GKV + pid_bh.to(tl.int64) * (2 * d * d) + sign * d * d
+    g_mean = tl.load(
+        GMEAN + pid_bh.to(tl.int64) * (2 * d) + sign * d + offs_d, mask=d_mask, other=0.)
     k_base = K + b * stride_kb + hh * stride_kh
     v_base = V + b * stride_vb + hh * stride_vh
     gk_base = GK + b * stride_gkb + hh * stride_gkh
-    gv_base = GV + b * stride_gvb + hh * stride_gvh
 
     acc_p = tl.zeros([BLOCK_D], dtype=tl.float32)
     start = pid_s * rows_per_split
@@ -299,20 +516,26 @@ def key_backward_kernel(K, V, P, KMAX, GKV, GMEAN, GK, GV, GP, stride_kb, stride
         k = _load_block(k_base, offs_n, offs_d, stride_kn, stride_kd, mask)
         v = _load_block(v_base, offs_n, offs_d, stride_vn, stride_vd, mask)
         log_abs = _log_abs(k, TINY)
-        phi = tl.exp(log_abs * p[None, :] - k_shift)
-        k_pos = tl.where(k > 0, phi, 0.)
-        k_neg = tl.where(k < 0, phi, 0.)
-        g_v = tl.dot(k_pos, g_kv_pos, input_precision=PRECISION)
-        g_v = tl.dot(k_neg, g_kv_neg, g_v, input_precision=PRECISION)
-        _store_block(gv_base, g_v, offs_n, offs_d, stride_gvn, stride_gvd, mask)
-        g_pos = tl.dot(v, tl.trans(g_kv_pos), input_precision=PRECISION)
-        g_pos += g_mean_pos[None, :]
-        g_neg = tl.dot(v, tl.trans(g_kv_neg), input_precision=PRECISION)
-        g_neg += g_mean_neg[None, :]
-        r = g_pos * k_pos + g_neg * k_neg
+        k_own = tl.where(k * own > 0, tl.exp(log_abs * p[None, :] - k_shift), 0.)
+        g_kv = _load_square(gkv_own, offs_d, d, d_mask)
+        g_own = tl.dot(v, tl.trans(g_kv), input_precision=PRECISION) + g_mean[None, :]
+        r = g_own * k_own
         acc_p += tl.sum(r * log_abs, axis=0)
         g_k = r * p[None, :] / tl.where(k == 0, 1., k)
-        _store_block(gk_base, g_k, offs_n, offs_d, stride_gkn, stride_gkd, mask)
+        stored = mask & ((k < 0) == (sign == 1))  # k+ takes the zeros
+        _store_block(gk_base, g_k, offs_n, offs_d, stride_gkn, stride_gkd, stored)
 
     part = (pid_bh * n_splits + pid_s).to(tl.int64)
-    tl.store(GP + part * d + offs_d, acc_p, mask=d_mask)
+    tl.store(GP + (part * 2 + sign) * d + offs_d, acc_p, mask=d_mask)
+
+
+#: Every kernel by name, in the order of a forward and a backward pass.
+KERNELS = {
+    'key_summary': key_summary_kernel,
+    'query_forward': query_forward_kernel,
+    'query_backward_rows': query_backward_rows_kernel,
+    'query_backward': query_backward_kernel,
+    'summary_backward': summary_backward_kernel,
+    'value_backward': value_backward_kernel,
+    'key_backward': key_backward_kernel,
+}
