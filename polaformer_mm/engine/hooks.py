@@ -9,6 +9,7 @@ from mmengine.dist import all_gather_object, get_rank, get_world_size, is_main_p
 from mmengine.hooks import CheckpointHook, Hook
 from mmengine.registry import HOOKS
 
+from ..ops import BACKENDS, set_default_backend
 from ..utils.checkpoint_io import atomic_write
 from .runner_state import to_weights_only_safe
 
@@ -267,3 +268,37 @@ class PolaCheckpointHook(CheckpointHook):
 def _write_text(path: str, text: str) -> None:
     with open(path, 'w') as f:
         f.write(text)
+
+
+@HOOKS.register_module()
+class PolaAttentionBackendHook(Hook):
+    """Choose the backend of every Pola attention call from a config:
+    ``custom_hooks = [dict(type='PolaAttentionBackendHook', backend='torch')]``.
+
+    Sets :func:`polaformer_mm.ops.set_default_backend` before the run (training, validation
+    or test, with any runner) and restores the previous default after it. 'auto' (the
+    default) takes the Triton kernels on CUDA where they apply, 'torch' the torch path
+    everywhere, 'triton' the kernels or an error naming why not. The environment variable
+    ``POLA_ATTENTION_BACKEND`` sets the same default for a whole process.
+
+    Args:
+        backend (str): one of 'auto', 'torch', 'triton'.
+    """
+    priority = 'VERY_HIGH'
+
+    def __init__(self, backend: str = 'auto') -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f'PolaAttentionBackendHook: backend={backend!r}; choose one of '
+                             f'{", ".join(BACKENDS)}')
+        self.backend = backend
+        self._previous = None
+
+    def before_run(self, runner) -> None:
+        """Set the default backend."""
+        self._previous = set_default_backend(self.backend)
+
+    def after_run(self, runner) -> None:
+        """Restore the default that was set before the run."""
+        if self._previous is not None:
+            set_default_backend(self._previous)
+            self._previous = None
