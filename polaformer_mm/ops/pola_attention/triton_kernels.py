@@ -14,6 +14,7 @@ from typing import Optional
 
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from .triton_resources import Limits, Usage, candidates
 
@@ -74,16 +75,16 @@ def _device_limits():
 
 def _usage(jit_fn, args: dict, meta: dict, config) -> Optional[Usage]:
     """Compile ``config`` for the running GPU (Triton caches it for the launch) and read
-    what it uses; None where this Triton does not say."""
+    what it uses; None where this Triton does not say. Raises Triton's ``OutOfResources``
+    when loading it on the GPU fails for lack of shared memory or threads."""
     try:
         compiled = jit_fn.warmup(**args, **meta, **config.all_kwargs(), grid=(1, ))
-        shared = compiled.metadata.shared
+        compiled._init_handles()  # loads the binary: registers and local memory
         threads = compiled.metadata.num_warps * 32
-        try:
-            compiled._init_handles()  # loads the binary: registers and local memory
-        except triton.runtime.errors.OutOfResources:
-            return Usage(0, 0, 0, shared, threads)  # too much shared memory for this GPU
-        return Usage(compiled.n_regs, compiled.n_spills, compiled.n_spills, shared, threads)
+        return Usage(compiled.n_regs, compiled.n_spills, compiled.n_spills,
+                     compiled.metadata.shared, threads)
+    except OutOfResources:
+        raise
     except Exception:  # noqa: BLE001  (an older Triton's API; the launch decides)
         return None
 
@@ -94,8 +95,13 @@ def fitting_configs(jit_fn, configs, named_args, **meta):
     (:func:`~.triton_resources.candidates`); all of them if none fits, so that the launch
     names the problem."""
     limits = _device_limits()
-    kept = candidates([(cfg, _usage(jit_fn, named_args, meta, cfg)) for cfg in configs], limits)
-    return kept or list(configs)
+    variants = []
+    for config in configs:
+        try:
+            variants.append((config, _usage(jit_fn, named_args, meta, config)))
+        except OutOfResources:
+            continue  # too much shared memory or too many threads for this GPU
+    return candidates(variants, limits) or list(configs)
 
 
 def _autotune(name):
