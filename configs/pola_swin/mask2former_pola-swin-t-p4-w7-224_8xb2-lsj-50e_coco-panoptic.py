@@ -4,6 +4,9 @@
 # (with the custom_keys rules) come from the softmax baseline
 # mask2former_swin-t-p4-w7-224_8xb2-lsj-50e_coco-panoptic.py; only the backbone is swapped
 # (drop path 0.3 and out channels 96/192/384/768, as there).
+# Needs panopticapi (pip install git+https://github.com/cocodataset/panopticapi.git; not on
+# PyPI): mmdet's LoadPanopticAnnotations and CocoPanopticMetric import it (README.md, "Panoptic
+# segmentation: panopticapi").
 _base_ = './mask2former_swin-t-p4-w7-224_8xb2-lsj-50e_coco-panoptic.py'
 
 custom_imports = dict(imports=['polaformer_mm'], allow_failed_imports=False)

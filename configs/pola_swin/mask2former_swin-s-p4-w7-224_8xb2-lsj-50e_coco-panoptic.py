@@ -5,6 +5,9 @@
 # drop path 0.3), unchanged but for the extra inert custom_keys below.
 # `mask2former_pola-swin-s-p4-w7-224_8xb2-lsj-50e_coco-panoptic.py` inherits this file and
 # swaps the backbone.
+# Needs panopticapi (pip install git+https://github.com/cocodataset/panopticapi.git; not on
+# PyPI): mmdet's LoadPanopticAnnotations and CocoPanopticMetric import it (README.md, "Panoptic
+# segmentation: panopticapi").
 _base_ = 'mmdet::mask2former/mask2former_swin-s-p4-w7-224_8xb2-lsj-50e_coco-panoptic.py'  # noqa
 
 custom_imports = dict(imports=['polaformer_mm'], allow_failed_imports=False)

@@ -21,6 +21,8 @@ dataset, with counts and the first few file names:
   classes leave out (notes); a training set that mmdet's ``filter_cfg`` leaves empty, or
   whose images hold no annotation mmdet trains on (all crowd, ignored, degenerate or of
   other classes: the box and mask losses would be 0) (errors).
+* COCO-panoptic datasets (``CocoPanopticDataset``): read as mmdet reads them, per image
+  and per segment (:mod:`.dataset_panoptic`).
 * mmseg image / segmentation-map datasets (``BaseSegDataset`` and subclasses): no
   images, images without a segmentation map (errors), images listed twice in the split
   file (warning); in a sample of the maps, maps that do not decode and labels outside
@@ -893,7 +895,11 @@ def check_datasets(
             collecting = gc.isenabled()
             gc.disable()
             try:
-                if scope == 'mmdet' and cls is not None and _is_coco(cls) and str(
+                if scope == 'mmdet' and _is_coco_panoptic(cls):
+                    from .dataset_panoptic import check_coco_panoptic
+                    check_coco_panoptic(
+                        report, ds_cfg, cls, split == 'train', seg_sample=seg_sample, deep=deep)
+                elif scope == 'mmdet' and cls is not None and _is_coco(cls) and str(
                         ds_cfg.get('ann_file', '')).endswith('.json'):
                     check_coco(report, ds_cfg, cls, pipelines, training=split == 'train', deep=deep)
                 elif scope == 'mmseg' and cls is not None and _is_seg(cls):
@@ -922,6 +928,14 @@ def _plain(node):
 def _is_coco(cls) -> bool:
     from mmdet.datasets import CocoDataset
     return isinstance(cls, type) and issubclass(cls, CocoDataset)
+
+
+def _is_coco_panoptic(cls) -> bool:
+    """Whether mmdet reads the dataset as COCO-panoptic (its ``COCOPanoptic`` API)."""
+    from mmdet.datasets import CocoPanopticDataset
+    from mmdet.datasets.api_wrappers import COCOPanoptic
+    return isinstance(cls, type) and (issubclass(cls, CocoPanopticDataset) or isinstance(
+        getattr(cls, 'COCOAPI', None), type) and issubclass(cls.COCOAPI, COCOPanoptic))
 
 
 def _is_seg(cls) -> bool:

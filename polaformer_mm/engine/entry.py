@@ -22,6 +22,7 @@ from .dataset_check import DatasetCheckError
 from .divergence import TrainingDivergedError
 from .image_check import ImageError
 from .model_check import ModelConfigError
+from .panoptic_api import require_panopticapi
 from .work_dir_lock import WorkDirLockedError
 
 TASKS = ('mmdet', 'mmseg', 'mmpretrain')
@@ -216,6 +217,7 @@ def prepare_train_config(cfg: Config,
     (``allow_partial_load=True``) instead of stopping on a checkpoint that does not fit.
     """
     _common(cfg, config_path, work_dir, launcher, allow_partial)
+    require_panopticapi(cfg, ('train', 'val'), what='training with this config')
     if amp:
         if not torch.cuda.is_available():
             raise RuntimeError('--amp needs a CUDA device (mmengine AmpOptimWrapper)')
@@ -257,6 +259,7 @@ def prepare_test_config(cfg: Config,
     :func:`enable_tta`). ``allow_partial``: load a checkpoint that does not fit the
     model (see :mod:`.checkpoint_fit`).
     """
+    require_panopticapi(cfg, ('test', ), what='testing with this config')
     require_checkpoint(checkpoint, 'checkpoint file')
     _common(cfg, config_path, work_dir, launcher, allow_partial)
     cfg.load_from = checkpoint

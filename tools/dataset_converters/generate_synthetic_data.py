@@ -3,21 +3,96 @@
 
     python tools/dataset_converters/generate_synthetic_data.py [--out data/synthetic]
         [--num-train N] [--num-val N] [--size H [W]] [--seed S] [--max-shapes M]
-        [--overwrite] [--workers N] [--cityscapes]
+        [--overwrite] [--workers N] [--cityscapes] [--panoptic]
 
 Writes ``images/{train,val}/*.jpg``, ``annotations/instances_{train,val}.json``,
 ``seg_maps/{train,val}/*.png`` and ``meta.json`` under ``--out``; with ``--cityscapes`` also
 a copy in Cityscapes' layout under ``--out``/cityscapes (19 classes; mmseg's
-``CityscapesDataset`` with ``data_root`` there). A second call with the same
-arguments finds the dataset complete and writes nothing; a call with other arguments stops
-with an error unless ``--overwrite`` is given.
+``CityscapesDataset`` with ``data_root`` there); with ``--panoptic`` also COCO-panoptic
+annotations of the same images, ``annotations/panoptic_{train,val}.json`` and the PNG
+segment maps ``annotations/panoptic_{train,val}/*.png`` (things: the three shapes, one
+segment per instance; stuff: ``background``; mmdet's ``CocoPanopticDataset`` with
+``data_prefix=dict(img='images/train/', seg='annotations/panoptic_train/')``). A second
+call with the same arguments finds the dataset complete and writes nothing; a call with
+other arguments stops with an error unless ``--overwrite`` is given.
 """
 import argparse
+import json
 import os
+import os.path as osp
 import sys
 
-from polaformer_mm.datasets.synthetic import (SYNTHETIC_DEFAULTS, generate_synthetic_dataset,
-                                              write_cityscapes_layout)
+import cv2
+import numpy as np
+
+from polaformer_mm.datasets.synthetic import (SYNTHETIC_CLASSES, SYNTHETIC_DEFAULTS,
+                                              generate_synthetic_dataset, write_cityscapes_layout)
+
+#: the panoptic categories: the synthetic shapes (things) and the background (stuff)
+PANOPTIC_THING_CLASSES = tuple(SYNTHETIC_CLASSES)
+PANOPTIC_STUFF_CLASSES = ('background', )
+_BACKGROUND_SEGMENT_ID = 1000  # (232, 3, 0) in RGB: the green byte is used too
+
+
+def _id2rgb(ids):
+    return np.stack([ids % 256, ids // 256 % 256, ids // 65536 % 256], axis=-1).astype(np.uint8)
+
+
+def _panoptic_image(img, anns, height, width, background_cat):
+    """(PNG segment map as RGB, segments_info) of one image: each instance a segment
+    (drawn in annotation order, as the images are), the rest one background segment."""
+    from pycocotools import mask as mask_utils
+    ids = np.full((height, width), _BACKGROUND_SEGMENT_ID, dtype=np.int64)
+    cats = {}
+    for k, ann in enumerate(anns, start=1):
+        rles = mask_utils.frPyObjects(ann['segmentation'], height, width)
+        ids[mask_utils.decode(mask_utils.merge(rles)).astype(bool)] = k
+        cats[k] = ann['category_id']
+    cats[_BACKGROUND_SEGMENT_ID] = background_cat
+    segments = []
+    for seg_id, cat in cats.items():
+        ys, xs = np.nonzero(ids == seg_id)
+        if not len(xs):  # painted over entirely
+            continue
+        x1, y1 = int(xs.min()), int(ys.min())
+        segments.append(
+            dict(
+                id=int(seg_id),
+                category_id=int(cat),
+                area=int(len(xs)),
+                bbox=[x1, y1, int(xs.max()) - x1 + 1,
+                      int(ys.max()) - y1 + 1],
+                iscrowd=0))
+    return _id2rgb(ids), segments
+
+
+def write_panoptic_layout(root):
+    """Write COCO-panoptic annotations of the synthetic images under ``root`` (see the
+    module notes); returns the annotation files written."""
+    written = []
+    for split in ('train', 'val'):
+        with open(osp.join(root, 'annotations', f'instances_{split}.json')) as f:
+            coco = json.load(f)
+        cats = [dict(c, isthing=1) for c in coco['categories']]
+        background = max(c['id'] for c in cats) + 1
+        cats.append(dict(id=background, name=PANOPTIC_STUFF_CLASSES[0], isthing=0))
+        seg_dir = osp.join(root, 'annotations', f'panoptic_{split}')
+        os.makedirs(seg_dir, exist_ok=True)
+        by_image = {}
+        for ann in coco['annotations']:
+            by_image.setdefault(ann['image_id'], []).append(ann)
+        annotations = []
+        for img in coco['images']:
+            png_name = osp.splitext(img['file_name'])[0] + '.png'
+            rgb, segments = _panoptic_image(img, by_image.get(img['id'], []), img['height'],
+                                            img['width'], background)
+            cv2.imwrite(osp.join(seg_dir, png_name), rgb[..., ::-1])
+            annotations.append(dict(image_id=img['id'], file_name=png_name, segments_info=segments))
+        out = osp.join(root, 'annotations', f'panoptic_{split}.json')
+        with open(out, 'w') as f:
+            json.dump(dict(images=coco['images'], annotations=annotations, categories=cats), f)
+        written.append(out)
+    return written
 
 
 def format_summary(summary):
@@ -65,6 +140,11 @@ def main(argv=None):
         '--cityscapes',
         action='store_true',
         help="also write the Cityscapes-layout copy (OUT/cityscapes: leftImg8bit/, gtFine/)")
+    parser.add_argument(
+        '--panoptic',
+        action='store_true',
+        help='also write COCO-panoptic annotations (OUT/annotations/panoptic_{train,val}.json '
+        'and the PNG maps beside them)')
     args = parser.parse_args(argv)
     if len(args.size) > 2:
         parser.error('--size takes H or H W')
@@ -85,6 +165,8 @@ def main(argv=None):
     print(format_summary(summary))
     if args.cityscapes:
         print(f'Cityscapes layout: {write_cityscapes_layout(args.out)}')
+    if args.panoptic:
+        print(f"COCO panoptic: {', '.join(write_panoptic_layout(args.out))}")
     return 0
 
 

@@ -31,6 +31,7 @@ An image that cannot be read (an empty file, a truncated JPEG / PNG, not an imag
 an error naming the file and the reason. An image that the config's test pipeline cannot
 resize (a side would shrink below one pixel, e.g. 10000 x 10 pixels for a 128-pixel
 scale) is an error naming both sizes.
+A panoptic config without panopticapi stops at once, naming its install command.
 Problems of the input end the command with a one-line message (no traceback).
 """
 import argparse
@@ -57,6 +58,7 @@ from polaformer_mm.engine.checkpoint_fit import (check_checkpoint_fits, checkpoi
 from polaformer_mm.engine.entry import load_config, task_of
 from polaformer_mm.engine.image_check import image_problem
 from polaformer_mm.engine.model_check import check_model_channels
+from polaformer_mm.engine.panoptic_api import require_panopticapi
 from polaformer_mm.utils.checkpoint_io import load_checkpoint, require_checkpoint
 
 RANDOM_WEIGHTS_WARNING = (
@@ -196,7 +198,8 @@ def build_inferencer(cfg: Config,
     ``allow_partial`` (or the config's ``allow_partial_load``) is set."""
     cfg = cfg.copy()
     dataset = cfg.test_dataloader.dataset
-    dataset.pipeline = [t for t in dataset.pipeline if t['type'] != 'LoadAnnotations']
+    loads = ('LoadAnnotations', 'LoadPanopticAnnotations')
+    dataset.pipeline = [t for t in dataset.pipeline if str(t['type']).split('.')[-1] not in loads]
     if scope == 'mmdet':
         from mmdet.apis import DetInferencer
 
@@ -252,6 +255,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
         raise DemoInputError(f'{args.config} is a {scope} config; the demo runs detection '
                              '(mmdet) and segmentation (mmseg) configs (evaluate classifiers '
                              'with tools/test.py)')
+    require_panopticapi(cfg, demo=True, what=f'the demo of {args.config}')
     check_image_fits_pipeline(cfg, image.shape, args.image)
     if args.weights is not None:
         require_checkpoint(args.weights, 'weights')
