@@ -460,3 +460,25 @@ def test_get_flops_counts_the_attention(attn_types, la_sr_ratios, tmp_path, flop
     analyzer.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
     analyzer.set_op_handle(**{'aten::matmul': lambda inputs, outputs: 0})
     assert row['flops'] > analyzer.total() > 0
+
+
+def test_la_sr_ratio_beyond_the_stage_map_is_named():
+    """A reduction larger than its stage's map at pretrain_img_size would build a conv of
+    C*C*r*r weights (la_sr_ratios=1000: a billion): a named error, with the largest ratio
+    that fits; that ratio builds."""
+    with pytest.raises(ValueError, match=r"la_sr_ratios\[0\]=1000 exceeds the side of stage 0's "
+                       r'56x56 map .*1,024,000,000 weights.*at most 56'):
+        PolaPVTv2(arch='b0', la_sr_ratios=(1000, 1, 1, 1))
+    with pytest.raises(ValueError, match=r'la_sr_ratios\[3\]=8 .* at most 7'):
+        PolaPVTv2(arch='b0', la_sr_ratios=(1, 1, 1, 8))
+    model = PolaPVTv2(arch='b0', la_sr_ratios=(56, 28, 14, 7))
+    assert sum(p.numel() for p in model.parameters()) < 5 * 10**7  # 32M
+    # an 'S' stage does not use la_sr_ratios
+    PolaPVTv2(arch='b0', attn_types='LLLS', la_sr_ratios=(1, 1, 1, 8))
+
+
+@pytest.mark.parametrize('attn_types', [[1, 2], ['L', 'L', 'S', 7], 5, None, 'LLX'])
+def test_attn_types_errors_name_the_argument(attn_types):
+    with pytest.raises(ValueError, match=r"attn_types must be 4 letters of 'L'/'S' .*got "):
+        PolaPVTv2(arch='b0', attn_types=attn_types)
+    assert PolaPVTv2(arch='b0', attn_types=['l', 'L', 'S', 'S']).attn_types == 'LLSS'

@@ -409,3 +409,15 @@ def test_bad_inputs_are_named():
         model(torch.randn(1, 4, 32, 32))
     with pytest.raises(ValueError, match='empty batch or image'):
         model(torch.randn(0, 3, 32, 32))
+
+
+@pytest.mark.parametrize('attn_types', [[1, 2], ['L', None], ['LS', 'L'], 3, 'LX'])
+def test_attn_types_errors_name_the_argument(attn_types):
+    """Anything but one letter 'L'/'S' per block (or one for all): a ValueError naming
+    attn_types, what was given and what is allowed."""
+    with pytest.raises(ValueError) as info:
+        PolaViT(arch='deit-tiny', attn_types=attn_types)
+    text = str(info.value)
+    assert text.startswith("attn_types must be one letter 'L'/'S' for all 12 blocks"), text
+    assert repr(attn_types) in text
+    assert PolaViT(arch='deit-tiny', attn_types=['l'] * 12).attn_types == 'L' * 12

@@ -2,6 +2,7 @@
 over stages, weight init and loading of official or converted checkpoints."""
 import inspect
 import numbers
+import re
 import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -184,10 +185,15 @@ class PolaBackboneBase(BaseModule):
     def _setup_stages(self, num_stages: int, attn_types: str, out_indices: Sequence[int],
                       frozen_stages: int, norm_eval: bool, with_cp: bool) -> None:
         """Validate and store the per-stage options both backbones take."""
-        attn_types = str(attn_types).upper()
-        if len(attn_types) != num_stages or set(attn_types) - set('LS'):
-            raise ValueError(f"attn_types must be {num_stages} letters of 'L'/'S', "
-                             f'got {attn_types!r}')
+        given = attn_types
+        if isinstance(attn_types, (list, tuple)):  # one letter per stage, as a list
+            attn_types = ''.join(a if isinstance(a, str) and len(a) == 1 else '?'
+                                 for a in attn_types)
+        if not isinstance(attn_types, str) or len(attn_types) != num_stages or set(
+                attn_types.upper()) - set('LS'):
+            raise ValueError(f"attn_types must be {num_stages} letters of 'L'/'S' (one per "
+                             f"stage, e.g. {'L' * num_stages!r}), got {given!r}")
+        attn_types = attn_types.upper()
         if is_int(out_indices):  # one stage, as mmdet's and mmpretrain's backbones take it
             out_indices = (out_indices, )
         if not isinstance(out_indices, (list, tuple)) or not all(map(is_int, out_indices)):
@@ -321,6 +327,11 @@ class PolaBackboneBase(BaseModule):
         half-random weights)."""
         name = type(self).__name__
         own = self.state_dict()
+        # keys of modules the backbone does not have (a whole-model file without the
+        # 'backbone.' prefix: neck.*, head.*): no tensor of the backbone can take them
+        tops = {k.split('.', 1)[0] for k in own}
+        outside = [k for k in state_dict if k.split('.', 1)[0] not in tops]
+        state_dict = {k: v for k, v in state_dict.items() if k not in outside}
         mismatched = [
             f'{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}'
             for k, v in state_dict.items() if k in own and v.shape != own[k].shape
@@ -334,12 +345,29 @@ class PolaBackboneBase(BaseModule):
         if missing or unexpected:
             raise KeyError(f'{source!r} does not fit this {name}: missing keys {missing[:8]} '
                            f'({len(missing)} in all), unexpected keys {unexpected[:8]} '
-                           f'({len(unexpected)} in all). Check arch and attn_types.')
+                           f'({len(unexpected)} in all). '
+                           + self._pretrained_advice(state_dict, missing))
         self.load_state_dict({k: v for k, v in state_dict.items() if k in own}, strict=False)
         kept = [k for k in own if k not in state_dict]
         logger = MMLogger.get_current_instance()
         logger.info(f'{name}: loaded {len(own) - len(kept)} tensors from {source}'
-                    + (f'; kept the initial values of {kept}' if kept else ''))
+                    + (f'; kept the initial values of {kept}' if kept else '')
+                    + (f'; left {len(outside)} keys of modules outside the backbone unused '
+                       f'({sorted({k.split(".", 1)[0] for k in outside})})' if outside else ''))
+
+    def _pretrained_advice(self, state_dict, missing) -> str:
+        """What to do about a file that does not fit: a softmax file (no Pola attention
+        in it, Pola attention missing) warm-starts; anything else is another size or
+        setting."""
+        from ..warm_start.layouts import POLA_KEYS
+        pola_missing = [k for k in missing if re.search(POLA_KEYS, k)]
+        if pola_missing and not any(re.search(POLA_KEYS, k) for k in state_dict):
+            return ("The file holds no Pola attention (a softmax checkpoint?): warm-start "
+                    "from it with init_cfg=dict(type='WarmStart', checkpoint=...), which "
+                    'loads every tensor of the same meaning and initialises the Pola-only '
+                    'ones, or convert it once with tools/model_converters/softmax2pola.py '
+                    '(docs/user_guides/warm_start.md).')
+        return 'Check arch and attn_types.'
 
     def _official_init(self) -> None:
         """The official scheme: trunc-normal(0.02) linears and position tables,

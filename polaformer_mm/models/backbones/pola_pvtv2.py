@@ -15,6 +15,7 @@ from mmcv.cnn.bricks.drop import build_dropout
 from mmengine.model import BaseModule, ModuleList
 from mmengine.model.weight_init import constant_init, normal_init, trunc_normal_init
 from mmengine.registry import MODELS
+from mmengine.utils import to_2tuple
 from torch import Tensor, nn
 
 from ..attention import PolaLinearAttention, split_heads
@@ -305,6 +306,7 @@ class PolaPVTv2(PolaBackboneBase):
                              f'{num_stages} values')
         self.la_sr_ratios = tuple(check_stage_list('la_sr_ratios', la_sr_ratios, num_stages))
         check_mlp_ratios(arch['mlp_ratios'], num_stages)
+        self._check_reductions(arch, grids, tuple(to_2tuple(pretrain_img_size)))
         self.arch = arch
         self.num_features = list(arch['embed_dims'])
 
@@ -320,6 +322,24 @@ class PolaPVTv2(PolaBackboneBase):
                                  pola_args))
             prev_dims = arch['embed_dims'][i]
         self._freeze_stages()  # before any optimizer sees the parameters
+
+    def _check_reductions(self, arch: dict, grids: Sequence[Tuple[int, int]],
+                          pretrain_img_size: Tuple[int, int]) -> None:
+        """Every 'L' stage's ``la_sr_ratios`` at most the side of its map at
+        ``pretrain_img_size``, else a ValueError naming it: a larger ratio reduces the
+        whole map to one key with a convolution of ``C * C * r * r`` weights mostly outside
+        the map (``la_sr_ratios=1000`` would build billions of parameters). ('S' stages
+        use the arch's ``sr_ratios``, checked against the map they are fed.)"""
+        for i, grid in enumerate(grids):
+            ratio = self.la_sr_ratios[i]
+            if self.attn_types[i] == 'L' and ratio > min(grid):
+                dims = arch['embed_dims'][i]
+                raise ValueError(
+                    f'la_sr_ratios[{i}]={ratio} exceeds the side of stage {i}\'s '
+                    f'{grid[0]}x{grid[1]} map at pretrain_img_size={pretrain_img_size}: its '
+                    f'reduction convolution would hold {dims * dims * ratio * ratio:,} '
+                    f'weights, most of them outside the map. Use a ratio of at most '
+                    f'{min(grid)} (or a larger pretrain_img_size).')
 
     def _make_stage(self, i: int, in_channels: int, grid: Tuple[int, int], dpr: List[float],
                     attn_drop_rate: float, block_args: dict, pola_args: dict) -> PVTv2Stage:

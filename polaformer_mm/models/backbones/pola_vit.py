@@ -417,7 +417,9 @@ class PolaViT(PolaBackboneBase):
     @staticmethod
     def _block_attn_types(attn_types, num_layers: int) -> str:
         """One letter per block; a named error otherwise."""
-        letters = ''.join(attn_types) if isinstance(attn_types, (list, tuple)) else attn_types
+        letters = attn_types
+        if isinstance(attn_types, (list, tuple)):
+            letters = ''.join(a if isinstance(a, str) and len(a) == 1 else '?' for a in attn_types)
         if not isinstance(letters, str) or len(letters) not in (
                 1, num_layers) or set(letters.upper()) - set('LS'):
             raise ValueError(f"attn_types must be one letter 'L'/'S' for all {num_layers} "
