@@ -5,7 +5,8 @@
 # cosine, AdamW base lr 2e-5 per 512 images, warm-up from 2e-8 and down to 2e-7 per 512,
 # wd 1e-8), at 4 x 256 = 1024 images, as the Pola-PVT / Pola-Swin fine-tuning configs.
 #
-# `load_from` reads checkpoints/pola_deit_t_mm.pth. No official Pola-DeiT checkpoint
+# The backbone's init_cfg reads checkpoints/pola_deit_t_mm.pth (prefix 'backbone.').
+# No official Pola-DeiT checkpoint
 # exists: this file is the backbone of the softmax DeiT-T classifier
 #   https://download.openmmlab.com/mmclassification/v0/deit/deit-tiny_pt-4xb256_in1k_20220218-13b382a0.pth
 # warm-started by tools/model_converters/softmax2pola.py (every tensor of the same meaning
@@ -13,12 +14,16 @@
 # classifier head starts from its initialisation):
 #   python tools/model_converters/softmax2pola.py SOFTMAX.pth checkpoints/pola_deit_t_mm.pth \
 #       --config configs/imagenet/pola-deit-tiny_4xb256_in1k.py
-# or the checkpoint of a run of pola-deit-tiny_4xb256_in1k.py (then the whole classifier).
+# or the checkpoint of a run of pola-deit-tiny_4xb256_in1k.py (its backbone; add
+# --cfg-options load_from=CHECKPOINT for its head too).
 _base_ = './pola-deit-tiny_4xb256_in1k.py'
 
 custom_imports = dict(imports=['polaformer_mm'], allow_failed_imports=False)
 
-load_from = 'checkpoints/pola_deit_t_mm.pth'
+model = dict(
+    backbone=dict(
+        init_cfg=dict(
+            type='Pretrained', checkpoint='checkpoints/pola_deit_t_mm.pth', prefix='backbone.')))
 
 optim_wrapper = dict(optimizer=dict(lr=2e-5 * 1024 / 512, weight_decay=1e-8))
 param_scheduler = [

@@ -3,13 +3,19 @@
 # with the schedule of the Swin Transformer fine-tuning recipe (microsoft/Swin-Transformer
 # configs/swin/swin_base_patch4_window7_224_22kto1k_finetune.yaml: 30 epochs, 5-epoch
 # linear warm-up, cosine, AdamW base lr 2e-5 per 512 images, warm-up from 2e-8 and down to
-# 2e-7 per 512, wd 1e-8), at 8 x 128 = 1024 images. `load_from` restores the whole
-# classifier (backbone.* and head.fc.*), so the run starts at the official top-1.
+# 2e-7 per 512, wd 1e-8), at 8 x 128 = 1024 images. The backbone's
+# init_cfg loads the backbone.* keys of checkpoints/pola_pvt_l_mm.pth (official2mm.py's
+# conversion, or softmax2pola.py's warm start); the classifier head starts from its
+# initialisation. To start from the official head too (official2mm.py files hold it):
+#   --cfg-options load_from=checkpoints/pola_pvt_l_mm.pth
 _base_ = './pola-pvt-large_8xb128_in1k.py'
 
 custom_imports = dict(imports=['polaformer_mm'], allow_failed_imports=False)
 
-load_from = 'checkpoints/pola_pvt_l_mm.pth'
+model = dict(
+    backbone=dict(
+        init_cfg=dict(
+            type='Pretrained', checkpoint='checkpoints/pola_pvt_l_mm.pth', prefix='backbone.')))
 
 optim_wrapper = dict(optimizer=dict(lr=2e-5 * 1024 / 512, weight_decay=1e-8))
 param_scheduler = [

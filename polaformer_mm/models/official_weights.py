@@ -20,6 +20,37 @@ from ..utils.checkpoint_io import (atomic_save, is_local_checkpoint, load_checkp
 from ..version import __version__
 
 PVT_FAMILY, SWIN_FAMILY, PVTV2_FAMILY = 'pvt', 'swin', 'pvtv2'
+_SHOWN_BAD = 5  # non-finite tensors named in an error
+
+
+class NonFiniteWeightsError(ValueError):
+    """A weights file whose tensors hold NaN or infinity: nothing can be trained from it."""
+
+
+def non_finite_keys(state_dict) -> list:
+    """The keys of the floating-point tensors of ``state_dict`` that hold NaN or
+    infinity, in the dict's order."""
+    return [
+        k for k, v in state_dict.items() if isinstance(v, torch.Tensor) and v.is_floating_point()
+        and not bool(torch.isfinite(v).all())
+    ]
+
+
+def refuse_non_finite(state_dict, source: str, what: str, key_prefix: str = '') -> None:
+    """Raise :class:`NonFiniteWeightsError` when a tensor of ``state_dict`` (the weights
+    ``what`` reads from the file ``source``) holds NaN or infinity; the message names the
+    file, how many tensors and the first ones (their keys in the file: ``key_prefix`` +
+    key)."""
+    bad = non_finite_keys(state_dict)
+    if not bad:
+        return
+    shown = ', '.join(key_prefix + k for k in bad[:_SHOWN_BAD])
+    more = f', ... ({len(bad) - _SHOWN_BAD} more)' if len(bad) > _SHOWN_BAD else ''
+    raise NonFiniteWeightsError(
+        f'{source!r} holds weights that are not finite (NaN or infinity): {len(bad)} of the '
+        f'{len(state_dict)} tensors {what} reads, first {shown}{more}. A model started from '
+        'them stops at its first iteration; use an intact copy of the file (the one it was '
+        'downloaded or converted from), or a checkpoint written before the run diverged')
 
 
 def extract_state_dict(obj, source: str = 'checkpoint') -> Dict[str, torch.Tensor]:
@@ -180,6 +211,7 @@ def load_backbone_weights(checkpoint: str,
         # an official PVTv2 file (whai362/PVT, keys patch_embed1.proj, block1.0.attn.q):
         # mmdet's own converter gives mmdet's PyramidVisionTransformerV2 keys
         from mmdet.models.backbones.pvt import pvt_convert
+        refuse_non_finite(state_dict, checkpoint, "init_cfg type='Pretrained'")
         return dict(pvt_convert(state_dict))
     if detect_official_family(state_dict) is not None:
         state_dict = convert_official_state_dict(state_dict, family=family)
@@ -192,4 +224,5 @@ def load_backbone_weights(checkpoint: str,
             raise KeyError(f'no key of {checkpoint!r} starts with prefix {prefix!r}; '
                            f'first keys: {list(state_dict)[:5]}')
         state_dict = stripped
+    refuse_non_finite(state_dict, checkpoint, "init_cfg type='Pretrained'", prefix or '')
     return state_dict

@@ -9,6 +9,7 @@ from typing import Optional, Tuple
 import torch
 
 from ...utils.checkpoint_io import atomic_save
+from ...utils.output_paths import OutputPathError, check_output_file
 from ...version import __version__
 from ..backbones import registered_class
 from ..backbones.base import PolaBackboneBase
@@ -85,6 +86,7 @@ def convert_softmax_checkpoint(backbone_cfg: dict,
     if osp.isdir(osp.expanduser(dst)):
         raise ValueError(f'DST {dst!r} is an existing directory: give the path of the file '
                          f'to write, e.g. {osp.join(dst, "warm_start.pth")!r}')
+    check_destination(dst)
     torch.manual_seed(seed)
     backbone = build_backbone(backbone_cfg)
     report = warm_start(backbone, src, prefix=prefix, log=False)
@@ -96,5 +98,28 @@ def convert_softmax_checkpoint(backbone_cfg: dict,
         warm_start=report.summary(),
         seed=seed,
         converted_by=f'polaformer_mm {__version__}')
-    atomic_save(dict(state_dict=state_dict, meta=meta), dst)
+    try:
+        atomic_save(dict(state_dict=state_dict, meta=meta), dst)
+    except OSError as err:  # the folder changed since the check, the disk is full, ...
+        raise OutputPathError(f'DST {dst}: could not be written ({type(err).__name__}: '
+                              f'{err.strerror or err})') from None
     return report, state_dict
+
+
+def check_destination(dst: str) -> None:
+    """Check, before any work, that the file ``dst`` can be written: its folder is made
+    if missing and takes a new file (:class:`~polaformer_mm.utils.output_paths.
+    OutputPathError` naming DST and the reason otherwise)."""
+    folder = osp.dirname(osp.abspath(osp.expanduser(dst)))
+    if not osp.isdir(folder):
+        above = folder
+        while not osp.exists(above) and osp.dirname(above) != above:
+            above = osp.dirname(above)
+        if not osp.isdir(above):
+            raise OutputPathError(f'DST {dst}: {above} is a file, not a folder')
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as err:
+            raise OutputPathError(f'DST {dst}: its folder {folder} cannot be made '
+                                  f'({type(err).__name__}: {err.strerror or err})') from None
+    check_output_file('DST', osp.expanduser(dst))

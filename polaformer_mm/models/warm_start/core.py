@@ -26,7 +26,7 @@ from mmengine.logging import MMLogger
 from ...utils.checkpoint_io import load_checkpoint
 from ..attention import PolaLinearAttention
 from ..backbones.base import PolaBackboneBase
-from ..official_weights import extract_state_dict
+from ..official_weights import extract_state_dict, refuse_non_finite
 from .layouts import (FAMILY_NAMES, FAMILY_OF_BACKBONE, POLA_KEYS, Converted, Layout, find_layout,
                       layouts_of)
 from .report import WarmStartReport
@@ -162,6 +162,25 @@ def fit_grids(twin: PolaBackboneBase, converted: Converted) -> Converted:
             origin[key] = (file_key,
                            '; '.join(filter(None, [how, f'resized to {tuple(value.shape)}'])))
     return converted._replace(state_dict=OrderedDict(fitted), origin=origin)
+
+
+def drop_outside(twin: nn.Module, converted: Converted) -> Converted:
+    """The file's keys of modules the backbone does not have at all (``neck.*``,
+    ``head.*`` of a whole-model file whose backbone keys carry no prefix) moved to the
+    unused ones: no tensor of the backbone can take them, and the rest is loaded as
+    strictly as ever."""
+    tops = {k.split('.', 1)[0] for k in twin.state_dict()}
+    outside = [k for k in converted.state_dict if k.split('.', 1)[0] not in tops]
+    if not outside:
+        return converted
+    dropped = dict(converted.dropped)
+    for key in outside:
+        dropped[converted.origin[key][0]] = (
+            f'a module the backbone has none of ({key.split(".", 1)[0]}); the keys of a '
+            "whole-model file's backbone carry no prefix here")
+    return converted._replace(
+        state_dict=OrderedDict((k, v) for k, v in converted.state_dict.items() if k not in outside),
+        dropped=dropped)
 
 
 def load_twin(twin: PolaBackboneBase, converted: Converted, backbone: PolaBackboneBase, source: str,
@@ -325,8 +344,12 @@ def warm_start(backbone: PolaBackboneBase,
     layout = _choose_layout(state_dict, backbone, source)
     converted = layout.convert(state_dict)
     twin = softmax_twin(backbone)
-    converted = fit_grids(twin, converted)
+    converted = fit_grids(twin, drop_outside(twin, converted))
     from_file, extra = load_twin(twin, converted, backbone, source, layout)
+    refuse_non_finite(
+        OrderedDict(
+            (converted.origin[k][0], v) for k, v in converted.state_dict.items() if k in from_file),
+        source, 'the warm start', prefix)
     fresh_init(backbone)
 
     report = WarmStartReport(describe(backbone), source, layout.name)
