@@ -6,7 +6,8 @@ it received or computed. From a site come the attention rows of chosen queries, 
 the key grid (:meth:`Site.maps`) and as row entropies (:meth:`Site.entropies`).
 
 * :class:`PolaSite`: a :class:`~polaformer_mm.models.attention.PolaLinearAttention` of a
-  PolaPVT / PolaSwin block. ``PolaLinearAttention.project`` turns its recorded inputs into
+  PolaPVT / PolaSwin / PolaPVTv2 block (:class:`PolaViTSite`: a PolaViT block, the class
+  key included). ``PolaLinearAttention.project`` turns its recorded inputs into
   the queries and keys the module uses; the weights of the queries that are needed come
   from :func:`polaformer_mm.ops.pola_attention_weights` (float64), O(n) per query, without
   an N x n matrix. Two streams: same-signed and opposite-signed.
@@ -17,6 +18,7 @@ the key grid (:meth:`Site.maps`) and as row entropies (:meth:`Site.entropies`).
 :func:`collect_pola_sites` and :func:`collect_softmax_sites` find and record them;
 :func:`point_cells` and :func:`sample_cells` choose query tokens.
 """
+import inspect
 import math
 import re
 from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
@@ -25,13 +27,14 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ..models.attention import PolaLinearAttention
+from ..models.attention import PolaLinearAttention, linear_parts, split_heads
 from ..models.backbones.pola_swin import SwinBlock as PolaSwinBlock
+from ..models.backbones.pola_vit import PolaViTAttention
 from ..models.window_geometry import window_shift
 from ..ops import attention_entropy, pola_attention_weights, pola_exponent
 
 __all__ = [
-    'STREAMS', 'Rows', 'Site', 'PolaSite', 'SoftmaxSRASite', 'SoftmaxWindowSite',
+    'STREAMS', 'Rows', 'Site', 'PolaSite', 'PolaViTSite', 'SoftmaxSRASite', 'SoftmaxWindowSite',
     'collect_pola_sites', 'collect_softmax_sites', 'grid_stride', 'settle_strides', 'point_cells',
     'sample_cells'
 ]
@@ -200,11 +203,22 @@ class PolaSite(Site):
         p = pola_exponent(self.attn.power.detach().double(), self.alpha)
         return p[0, :, 0].cpu().numpy()
 
+    def _call_arguments(self) -> dict:
+        """The recorded call as keyword arguments of ``forward`` (PolaPVTv2 and PolaViT
+        blocks pass the positional encoding of the stage, PolaSwin blocks a padding
+        mask)."""
+        args, kwargs = self.call
+        bound = inspect.signature(self.attn.forward).bind(*args, **kwargs)
+        return dict(bound.arguments)
+
+    def _project_call(self):
+        """``PolaLinearAttention.project`` on the recorded call."""
+        return self.attn.project(**self._call_arguments())
+
     def _project(self):
         if self._projected is None:
-            args, kwargs = self.call
             with torch.no_grad():
-                q, k, _, _, eps, key_hw = self.attn.project(*args, **kwargs)
+                q, k, _, _, eps, key_hw = self._project_call()
             if self.window is None and tuple(key_hw) != tuple(self.key_hw):
                 raise RuntimeError(f'{self.name}: key grid {key_hw} differs from the '
                                    f'expected {self.key_hw}')
@@ -251,6 +265,38 @@ class PolaSite(Site):
                     dict(
                         same_signed=w_sim[0].transpose(0, 1),
                         opposite_signed=w_opp[0].transpose(0, 1)), key_pos, valid)
+
+
+class PolaViTSite(PolaSite):
+    """A :class:`~polaformer_mm.models.backbones.pola_vit.PolaViTAttention` of a PolaViT
+    block: the patch queries attend to the class token's key and the patch keys (the
+    class key first, without positional encoding, divided by ``softplus(scale)`` as the
+    op divides every key). The class key lies on no grid cell: its weight is the
+    ``'<stream>_off_map'`` of :meth:`~Site.maps`; the class query (a softmax) is not a
+    site query."""
+
+    def _project_call(self):
+        call = self._call_arguments()
+        x = call.pop('x')
+        attn = self.attn
+        (q, k, v, g, eps, key_hw), scale = attn._project(x[:, 1:], divide=True, **call)
+        k_cls = linear_parts(attn.qkvg, x[:, :1], 4)[1]
+        k_cls = split_heads(k_cls, attn.num_heads, attn.head_dims) / scale
+        return q, torch.cat([k_cls, k], dim=2), v, g, eps, key_hw
+
+    def _grid_keys(self) -> Tuple[np.ndarray, np.ndarray]:
+        key_pos, valid = super()._grid_keys()
+        return (np.concatenate([np.zeros((1, 2), dtype=key_pos.dtype),
+                                key_pos]), np.concatenate([np.zeros(1, dtype=bool), valid]))
+
+    def _support(self, valid: np.ndarray) -> int:
+        return len(valid)  # the class key is a key too
+
+    def describe(self) -> dict:
+        """The layout (see :meth:`Site.describe`) and the class key."""
+        info = super().describe()
+        info['class_key'] = 'one key off the grid (its weight: <stream>_off_map)'
+        return info
 
 
 class SoftmaxSRASite(Site):
@@ -321,7 +367,10 @@ class SoftmaxWindowSite(Site):
         return len(valid)  # padded keys are not masked in the softmax window
 
 
-_POLA_NAME = re.compile(r'(?:^|\.)(?:layers|stages)\.(\d+)\.blocks\.(\d+)\.attn$')
+# PolaPVT / PolaSwin: layers.<i>.blocks.<j>; PolaPVTv2 (mmdet's layout): layers.<i>.1.<j>
+_POLA_NAME = re.compile(r'(?:^|\.)(?:layers|stages)\.(\d+)\.(?:blocks|1)\.(\d+)\.attn$')
+# PolaViT (mmpretrain's layout): layers.<j>, one stage
+_VIT_NAME = re.compile(r'(?:^|\.)layers\.(\d+)\.attn$')
 
 
 class _Recorder:
@@ -362,21 +411,25 @@ def collect_pola_sites(backbone: nn.Module, inputs: torch.Tensor) -> List[PolaSi
     for name, module in backbone.named_modules():
         if isinstance(module, PolaLinearAttention):
             match = _POLA_NAME.search(name)
+            vit = isinstance(module, PolaViTAttention)
+            if vit:
+                match = _VIT_NAME.search(name)
             if match is None:
-                raise ValueError(f'{name}: a Pola attention module outside the '
-                                 'layers.<i>.blocks.<j> / stages.<i>.blocks.<j> layout '
-                                 'of PolaPVT / PolaSwin')
+                raise ValueError(f'{name}: a Pola attention module outside the layouts of '
+                                 'PolaPVT / PolaSwin (layers.<i>.blocks.<j>, '
+                                 'stages.<i>.blocks.<j>), PolaPVTv2 (layers.<i>.1.<j>) and '
+                                 'PolaViT (layers.<j>)')
+            stage, block = (0, int(match[1])) if vit else (int(match[1]), int(match[2]))
             parent = backbone.get_submodule(name.rsplit('.', 1)[0])
-            found.append((name, int(match[1]), int(match[2]), module, parent))
+            found.append((name, stage, block, module, parent))
     recorder = _Recorder()
     for name, _, _, module, parent in found:
         recorder.pre(module, name)
         recorder.pre(parent, name + '/block')
     recorder.run(backbone, inputs)
-    sites = [
-        PolaSite(name, stage, block, module, parent, recorder.calls[name],
-                 recorder.calls[name + '/block']) for name, stage, block, module, parent in found
-    ]
+    sites = [(PolaViTSite if isinstance(module, PolaViTAttention) else PolaSite)(
+        name, stage, block, module, parent, recorder.calls[name], recorder.calls[name + '/block'])
+             for name, stage, block, module, parent in found]
     settle_strides(sites, inputs.shape[-2:])
     return sorted(sites, key=lambda s: (s.stage, s.block))
 

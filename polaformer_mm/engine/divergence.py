@@ -4,8 +4,10 @@
 training run unless the config sets ``divergence_guard = False``. After each training
 iteration it checks the loss terms the model returned and, for optimizer wrappers without
 a dynamic loss scale, the gradient norm that gradient clipping measured; a value that is
-not finite stops the run with a :class:`TrainingDivergedError` naming the iteration, the
-terms, the learning rate and the last checkpoint written, before any checkpoint of that
+not finite, or a dynamic loss scale that fell to zero, stops the run with a
+:class:`TrainingDivergedError` naming the iteration, the terms, the learning rate (one
+value, or the smallest and largest over the parameter groups) and the last checkpoint
+written, before any checkpoint of that
 iteration is written. A checkpoint about to be written with weights that are not finite
 is refused the same way. An error of the Pola attention op about inputs that are not
 finite, raised in training, is turned into the same error naming the layer
@@ -59,6 +61,37 @@ def _format(value) -> str:
         return f'{float(value):.6g}'
     except (TypeError, ValueError):
         return repr(value)
+
+
+def summarise_lrs(lrs: dict) -> str:
+    """The learning rates of ``OptimWrapper.get_lr()`` in a few words: one value per
+    key where all its parameter groups share it, else the smallest and largest and the
+    number of groups (a model with many groups, e.g. Mask2Former's, would otherwise fill
+    kilobytes)."""
+    parts = []
+    for key, values in lrs.items():
+        values = [float(v) for v in (values if isinstance(values, (list, tuple)) else [values])]
+        if not values:
+            continue
+        low, high = min(values), max(values)
+        groups = f' ({len(values)} parameter groups)' if len(values) > 1 else ''
+        if low == high:
+            parts.append(f'{key}={low:.6g}{groups}')
+        else:
+            parts.append(f'{key} from {low:.6g} to {high:.6g}{groups}')
+    return ', '.join(parts) or 'unknown'
+
+
+def loss_scales(optim_wrapper) -> List[float]:
+    """The current scales of the dynamic loss scalers (``AmpOptimWrapper``) of an
+    optimizer wrapper (or of every wrapper of an ``OptimWrapperDict``)."""
+    wrappers = getattr(optim_wrapper, 'optim_wrappers', None)
+    if isinstance(wrappers, dict):
+        return [s for w in wrappers.values() for s in loss_scales(w)]
+    scaler = getattr(optim_wrapper, 'loss_scaler', None)
+    if scaler is None or not hasattr(scaler, 'get_scale'):
+        return []
+    return [float(scaler.get_scale())]
 
 
 def _has_loss_scale(optim_wrapper) -> bool:
@@ -121,15 +154,23 @@ class DivergenceGuardHook(Hook):
             grad_norm = hub.get_scalar('train/grad_norm').current()
             if not _is_finite(grad_norm):
                 bad.append(('grad_norm', grad_norm))
+        collapsed = [s for s in loss_scales(runner.optim_wrapper) if not s > 0 or math.isinf(s)]
         if get_world_size() > 1:  # every rank stops together, none waits for the others
-            flag = torch.tensor([float(bool(bad))])
+            flag = torch.tensor([float(bool(bad or collapsed))])
             all_reduce(flag, op='max')
-            if flag.item() and not bad:
+            if flag.item() and not (bad or collapsed):
                 bad = [('(on another process)', float('nan'))]
+        problems = []
         if bad:
-            terms = ', '.join(f'{k}={_format(v)}' for k, v in bad)
+            problems.append('not finite: ' + ', '.join(f'{k}={_format(v)}' for k, v in bad))
+        if collapsed:  # zero: every step since has been skipped; no update is possible
+            problems.append(
+                f'the dynamic loss scale fell to {collapsed[0]:g} (AmpOptimWrapper halves it '
+                'at every step whose gradients overflow; at 0 every gradient is zero or NaN '
+                'and no step updates the weights)')
+        if problems:
             raise TrainingDivergedError(
-                self.message(runner, f'not finite: {terms}', iteration=runner.iter + 1))
+                self.message(runner, '; '.join(problems), iteration=runner.iter + 1))
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         """Refuse to write a checkpoint whose weights are not finite."""
@@ -146,8 +187,7 @@ class DivergenceGuardHook(Hook):
     def message(self, runner, what: str, iteration: int) -> str:
         """The one message of a run that diverged at ``iteration`` (1-based)."""
         try:
-            lrs = runner.optim_wrapper.get_lr()
-            lr = ', '.join(f'{k}={v[0]:.6g}' if len(v) == 1 else f'{k}={v}' for k, v in lrs.items())
+            lr = summarise_lrs(runner.optim_wrapper.get_lr())
         except Exception:  # an optimizer wrapper without get_lr
             lr = 'unknown'
         last = self._last_good

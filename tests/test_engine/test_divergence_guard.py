@@ -116,3 +116,37 @@ def test_pola_op_error_in_training_names_the_layer(synthetic_data_root, tmp_path
     assert 'training diverged at iteration 1 (epoch 1)' in message
     assert f'Pola attention layer {module}' in message and 'are not finite' in message
     assert not _checkpoints(tmp_path / 'wd')
+
+
+def test_message_with_many_parameter_groups_is_short(synthetic_data_root, tmp_path):
+    """A parameter group per parameter (any paramwise_cfg, as Mask2Former's configs set):
+    the message gives the smallest and largest learning rate and the number of groups,
+    not every group's."""
+    extra = _DIVERGING + ('optim_wrapper.update(paramwise_cfg=dict('
+                          "custom_keys={'backbone': dict(lr_mult=0.1)}))\n")
+    config = _config(tmp_path, synthetic_data_root, epochs=6, extra=extra)
+    proc = _run('train.py', [config, '--work-dir', 'wd'], tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith('train.py: error: training diverged at iteration '), last
+    assert ' lr from 100 to 1000 (' in last and 'parameter groups)' in last, last
+    assert len(last) < 1200, len(last)
+
+
+def test_summarise_lrs_and_zero_loss_scale():
+    """The learning-rate summary; a dynamic loss scale of 0 is named as such (with CUDA:
+    mmengine's AmpOptimWrapper with its real GradScaler), never as 'not finite'."""
+    from polaformer_mm.engine.divergence import loss_scales, summarise_lrs
+    assert summarise_lrs({'lr': [0.1]}) == 'lr=0.1'
+    assert summarise_lrs({'lr': [0.1] * 3}) == 'lr=0.1 (3 parameter groups)'
+    assert summarise_lrs({'lr': [0.1, 0.01, 0.1]}) == 'lr from 0.01 to 0.1 (3 parameter groups)'
+    from mmengine.optim import OptimWrapper
+    model = torch.nn.Linear(2, 2)
+    plain = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1))
+    assert loss_scales(plain) == []
+    if not torch.cuda.is_available():
+        return
+    from mmengine.optim import AmpOptimWrapper
+    amp = AmpOptimWrapper(
+        optimizer=torch.optim.SGD(model.cuda().parameters(), lr=0.1), loss_scale=0.0)
+    assert loss_scales(amp) == [0.0]

@@ -466,8 +466,10 @@ def test_la_sr_ratio_beyond_the_stage_map_is_named():
     """A reduction larger than its stage's map at pretrain_img_size would build a conv of
     C*C*r*r weights (la_sr_ratios=1000: a billion): a named error, with the largest ratio
     that fits; that ratio builds."""
-    with pytest.raises(ValueError, match=r"la_sr_ratios\[0\]=1000 exceeds the side of stage 0's "
-                       r'56x56 map .*1,024,000,000 weights.*at most 56'):
+    with pytest.raises(
+            ValueError,
+            match=r"la_sr_ratios\[0\]=1000 exceeds the side of stage 0's "
+            r'56x56 map .*1,024,000,000 weights.*at most 56'):
         PolaPVTv2(arch='b0', la_sr_ratios=(1000, 1, 1, 1))
     with pytest.raises(ValueError, match=r'la_sr_ratios\[3\]=8 .* at most 7'):
         PolaPVTv2(arch='b0', la_sr_ratios=(1, 1, 1, 8))

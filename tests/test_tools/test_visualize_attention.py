@@ -335,3 +335,58 @@ def test_bad_input_is_named(tmp_path, swin_configs):
         load_weights(model, str(tmp_path / 'partial.pth'))
     with pytest.warns(UserWarning, match='RANDOM'), pytest.raises(ValueError, match='no Pola'):
         tool.main([swin_configs['swin'], IMAGE, '--out-dir', str(tmp_path)])
+
+
+PVTV2 = """
+_base_ = '{root}/configs/pola_pvtv2/mask-rcnn_pola-pvtv2-b0_fpn_1x_coco.py'
+model = dict(backbone=dict(init_cfg=None))
+test_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='Resize', scale=(150, 150), keep_ratio=True),
+    dict(type='PackDetInputs',
+         meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor')),
+]
+test_dataloader = dict(dataset=dict(pipeline=test_pipeline))
+"""
+VIT = """
+_base_ = '{root}/configs/pola_vit/upernet_pola-deit-s16_8xb2-160k_ade20k-512x512.py'
+model = dict(backbone=dict(arch=dict(_delete_=True, embed_dims=32, num_layers=4, num_heads=2,
+                                     feedforward_channels=64),
+                           out_indices=(1, 3), attn_types='LSLL', init_cfg=None))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('family,text,blocks', [('PolaPVTv2', PVTV2, 8), ('PolaViT', VIT, 3)])
+def test_tool_on_pvtv2_and_vit(family, text, blocks, tmp_path):
+    """PolaPVTv2 (mmdet's layers.<i>.1.<j> layout) and PolaViT (a class token, blocks
+    layers.<j>): the tool draws every 'L' block, and the weights it draws, applied to the
+    module's values, give what the Pola op computed (the class key included for PolaViT)."""
+    config = tmp_path / 'cfg.py'
+    config.write_text(text.format(root=REPO))
+    out = tmp_path / 'out'
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        report = tool.main([str(config), IMAGE, '--out-dir', str(out)])
+    assert len(report['blocks']) == blocks
+    info = json.loads((out / 'attention.json').read_text())
+    assert len(info['blocks']) == blocks, list(info)
+    assert len([p for p in out.iterdir() if p.name.startswith('attention_s')]) == blocks
+    cfg = load_config(str(config))
+    model = build_model(cfg, None, 'cpu', 0)
+    prepared = prepare_image(cfg, model, IMAGE)
+    sites = collect_pola_sites(model.backbone, prepared.inputs)
+    assert len(sites) == blocks
+    site = sites[-1]
+    h, w = site.stage_hw
+    cells = np.array([[0, 0], [h - 1, w - 1], [h // 2, w // 2]])
+    maps = site.maps(cells)
+    for stream in ('same_signed', 'opposite_signed'):
+        total = maps[stream].sum((-2, -1)) + maps[f'{stream}_off_map']
+        # each stream's row sums to 1 less what the op's eps takes (at random weights
+        # PolaViT's queries and keys are small: up to a few percent)
+        assert ((total <= 1 + 1e-9) & (total > (0.95 if family == 'PolaViT' else 0.9999))).all()
+        if family == 'PolaViT':  # the class key's weight
+            assert (maps[f'{stream}_off_map'] > 0).all()
+        else:
+            assert (maps[f'{stream}_off_map'] == 0).all()

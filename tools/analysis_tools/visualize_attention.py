@@ -8,7 +8,8 @@
         [--per-head] [--dpi 100]
 
 CONFIG is a detection (mmdet), segmentation (mmseg) or classification (mmpretrain) config
-whose backbone is ``PolaPVT`` or ``PolaSwin``; the model is built through the registry of
+whose backbone is ``PolaPVT``, ``PolaSwin``, ``PolaPVTv2`` or ``PolaViT`` (its patch
+queries; the class token's key is one key off the grid); the model is built through the registry of
 the config's ``default_scope``. ``--checkpoint`` (a whole-model checkpoint as
 ``tools/train.py`` writes it, a converted backbone file, or an official PolaFormer
 checkpoint) is read weights-only (``polaformer_mm.utils.checkpoint_io``) and must hold

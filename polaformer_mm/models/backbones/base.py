@@ -187,8 +187,8 @@ class PolaBackboneBase(BaseModule):
         """Validate and store the per-stage options both backbones take."""
         given = attn_types
         if isinstance(attn_types, (list, tuple)):  # one letter per stage, as a list
-            attn_types = ''.join(a if isinstance(a, str) and len(a) == 1 else '?'
-                                 for a in attn_types)
+            attn_types = ''.join(
+                a if isinstance(a, str) and len(a) == 1 else '?' for a in attn_types)
         if not isinstance(attn_types, str) or len(attn_types) != num_stages or set(
                 attn_types.upper()) - set('LS'):
             raise ValueError(f"attn_types must be {num_stages} letters of 'L'/'S' (one per "
