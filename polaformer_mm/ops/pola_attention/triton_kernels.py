@@ -22,17 +22,19 @@ from .triton_resources import Limits, Usage, candidates
 #: precision and storage dtypes. Before timing, :func:`fitting_configs` compiles each for
 #: the running GPU and keeps those that fit it (:mod:`.triton_resources`). The first is
 #: the one the interpreter runs.
+_BLOCKS = [(64, 8), (32, 8), (32, 4), (16, 8), (16, 4)]  # (BLOCK_N, num_warps)
 CONFIGS = {
-    name: [
-        triton.Config({'BLOCK_N': 64}, num_warps=8, num_stages=2),
-        triton.Config({'BLOCK_N': 32}, num_warps=8, num_stages=2),
-        triton.Config({'BLOCK_N': 32}, num_warps=4, num_stages=2),
-        triton.Config({'BLOCK_N': 16}, num_warps=8, num_stages=2),
-        triton.Config({'BLOCK_N': 16}, num_warps=4, num_stages=2),
-    ]
+    name: [triton.Config({'BLOCK_N': bn}, num_warps=w, num_stages=2) for bn, w in _BLOCKS]
     for name in ('key_summary', 'query_forward', 'query_backward_rows', 'query_backward',
-                 'summary_backward', 'value_backward', 'key_backward')
+                 'summary_backward', 'value_backward')
 }
+# the key gradient tiles its channels too (BLOCK_J of them per program)
+CONFIGS['key_backward'] = [
+    triton.Config({
+        'BLOCK_N': bn,
+        'BLOCK_J': 32
+    }, num_warps=w, num_stages=2) for bn, w in _BLOCKS
+]
 
 #: Per kernel, its pointer arguments held in the inputs' storage dtype (the others point to
 #: float32 buffers); every other argument that is not a ``tl.constexpr`` is an int32.
@@ -491,48 +493,56 @@ def value_backward_kernel(K, P, KMAX, GKV, GV, stride_kb, stride_kh, stride_kn, 
 def key_backward_kernel(K, V, P, KMAX, GKV, GMEAN, GK, GP, stride_kb, stride_kh, stride_kn,
                         stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_gkb,
                         stride_gkh, stride_gkn, stride_gkd, H, n, d, rows_per_split, n_splits,
-                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-                        TINY: tl.constexpr):
-    """Per (batch*head, split, stream): the gradient of k on the stream's entries (k >= 0
-    for k+, k < 0 for k-) from those of [k+, k-]^T v / n (GKV) and the key means, and the
-    partial gradient of the exponent."""
+                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_J: tl.constexpr,
+                        PRECISION: tl.constexpr, TINY: tl.constexpr):
+    """Per (batch*head, split, stream and tile of BLOCK_J key channels): the gradient of k on
+    the stream's entries (k >= 0 for k+, k < 0 for k-) from those of [k+, k-]^T v / n (GKV)
+    and the key means, and the partial gradient of the exponent. A key channel's gradient
+    needs only its own column of features, so the channels are tiled."""
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
-    sign = tl.program_id(2)  # 0: k+, 1: k-
+    sign = tl.program_id(2) % 2  # 0: k+, 1: k-
     own = 1. - 2. * sign.to(tl.float32)
     b = (pid_bh // H).to(tl.int64)
     hh = pid_bh % H
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < d
-    p = tl.load(P + hh * d + offs_d, mask=d_mask, other=1.)
+    offs_j = (tl.program_id(2) // 2) * BLOCK_J + tl.arange(0, BLOCK_J)
+    j_mask = offs_j < d
+    p = tl.load(P + hh * d + offs_j, mask=j_mask, other=1.)
     k_shift = tl.load(KMAX + pid_bh)
     gkv_own = GKV + pid_bh.to(tl.int64) * (2 * d * d) + sign * d * d
     g_mean = tl.load(
-        GMEAN + pid_bh.to(tl.int64) * (2 * d) + sign * d + offs_d, mask=d_mask, other=0.)
+        GMEAN + pid_bh.to(tl.int64) * (2 * d) + sign * d + offs_j, mask=j_mask, other=0.)
     k_base = K + b * stride_kb + hh * stride_kh
     v_base = V + b * stride_vb + hh * stride_vh
     gk_base = GK + b * stride_gkb + hh * stride_gkh
 
-    acc_p = tl.zeros([BLOCK_D], dtype=tl.float32)
+    acc_p = tl.zeros([BLOCK_J], dtype=tl.float32)
     start = pid_s * rows_per_split
     end = tl.minimum(start + rows_per_split, n)
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask = (offs_n < end)[:, None] & d_mask[None, :]
-        k = _load_block(k_base, offs_n, offs_d, stride_kn, stride_kd, mask)
-        v = _load_block(v_base, offs_n, offs_d, stride_vn, stride_vd, mask)
+        rows = offs_n < end
+        mask = rows[:, None] & j_mask[None, :]
+        v = _load_block(v_base, offs_n, offs_d, stride_vn, stride_vd,
+                        rows[:, None] & d_mask[None, :])
+        g_kv = tl.load(
+            gkv_own + offs_j[:, None] * d + offs_d[None, :],
+            mask=j_mask[:, None] & d_mask[None, :],
+            other=0.)
+        g_own = tl.dot(v, tl.trans(g_kv), input_precision=PRECISION) + g_mean[None, :]
+        k = _load_block(k_base, offs_n, offs_j, stride_kn, stride_kd, mask)
         log_abs = _log_abs(k, TINY)
         k_own = tl.where(k * own > 0, tl.exp(log_abs * p[None, :] - k_shift), 0.)
-        g_kv = _load_square(gkv_own, offs_d, d, d_mask)
-        g_own = tl.dot(v, tl.trans(g_kv), input_precision=PRECISION) + g_mean[None, :]
         r = g_own * k_own
         acc_p += tl.sum(r * log_abs, axis=0)
         g_k = r * p[None, :] / tl.where(k == 0, 1., k)
         stored = mask & ((k < 0) == (sign == 1))  # k+ takes the zeros
-        _store_block(gk_base, g_k, offs_n, offs_d, stride_gkn, stride_gkd, stored)
+        _store_block(gk_base, g_k, offs_n, offs_j, stride_gkn, stride_gkd, stored)
 
     part = (pid_bh * n_splits + pid_s).to(tl.int64)
-    tl.store(GP + (part * 2 + sign) * d + offs_d, acc_p, mask=d_mask)
+    tl.store(GP + (part * 2 + sign) * d + offs_j, acc_p, mask=j_mask)
 
 
 #: Every kernel by name, in the order of a forward and a backward pass.
