@@ -11,24 +11,18 @@ variant is checked against the target's limits and each case (kernel, target, dt
 precision, head width) gets the configurations the autotuner keeps
 (:func:`~.triton_resources.candidates`, the runtime's own prune policy).
 
-The kernels' signatures are the kernels' module's (its ``signature`` function) or else come
-from their JIT parameters: a ``tl.constexpr`` parameter is a compile-time argument; a
-pointer is a parameter named in upper case that the kernel uses as a pointer (one in
-:data:`~.triton_kernels.STORAGE_ARGS` points to the storage dtype, the others to float32);
-every other parameter is an int32 (see :func:`kernel_signature`).
+The kernels' signatures are the kernels' module's (:func:`~.triton_kernels.signature`).
 
 Needs Triton >= 3.0 with ``GPUTarget``, ``ASTSource`` taking ``constexprs`` and its
 bundled ``ptxas``; :func:`check_toolchain` names what is missing. The command line is
 ``tools/analysis_tools/compile_kernels.py``.
 """
-import ast
 import inspect
 import multiprocessing
 import os
 import re
 import subprocess
 import tempfile
-import textwrap
 from concurrent.futures import ProcessPoolExecutor
 from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -236,55 +230,13 @@ def _jit_function(kernel):
     return fn
 
 
-def _additive_names(node) -> List[str]:
-    """Names that are a term of ``node``'s sums and differences (``a + b * c - d``: a, d)."""
-    if isinstance(node, ast.Name):
-        return [node.id]
-    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
-        return _additive_names(node.left) + _additive_names(node.right)
-    if isinstance(node, ast.UnaryOp):
-        return _additive_names(node.operand)
-    return []
-
-
-def _integer_names(fn, depth: int = 0) -> set:
-    """Parameters of the jit function ``fn`` its body uses as integers: a term of an
-    operand of ``*``, ``/``, ``//``, ``%``, of ``range`` or ``tl.minimum``/``tl.maximum``
-    (no pointer is), or passed to a jit helper whose parameter is such an integer."""
-    from triton.runtime.jit import JITFunction
-    tree = ast.parse(textwrap.dedent(inspect.getsource(fn.fn)))
-    params = {p.name for p in fn.params}
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.BinOp) and isinstance(node.op,
-                                                      (ast.Mult, ast.Div, ast.FloorDiv, ast.Mod)):
-            found.update(_additive_names(node.left) + _additive_names(node.right))
-        elif isinstance(node, ast.Call):
-            func = node.func
-            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, 'id', None)
-            if name in ('range', 'minimum', 'maximum'):
-                for arg in node.args:
-                    found.update(_additive_names(arg))
-            helper = fn.fn.__globals__.get(name) if isinstance(func, ast.Name) else None
-            if isinstance(helper, JITFunction) and helper is not fn and depth < 8:
-                inner = _integer_names(helper, depth + 1)
-                names = [p.name for p in helper.params]
-                for i, arg in enumerate(node.args[:len(names)]):
-                    if names[i] in inner:
-                        found.update(_additive_names(arg))
-    return found & params
-
-
 def kernel_signature(name: str, dtype: str, constexprs: Dict[str, object]) -> Dict[str, str]:
     """Triton's signature of kernel ``name`` for storage ``dtype`` ('float32', 'float16'
     or 'bfloat16').
 
-    The kernels' module says it where it has a ``signature(name, storage)`` function
-    (``storage``: 'fp32', 'fp16' or 'bf16'). Else it comes from the kernel's JIT
-    parameters: ``'constexpr'`` for the compile-time ones, a pointer for each parameter
-    named in upper case that the kernel does not use as an integer (to ``dtype`` when
-    :data:`~.triton_kernels.STORAGE_ARGS` names it, else to float32), ``'i32'`` for the
-    others. ``constexprs`` must give every compile-time parameter.
+    The kernels' module says it (:func:`~.triton_kernels.signature`); this checks its
+    tables against the kernel's JIT parameters. ``constexprs`` must give every
+    compile-time parameter.
     """
     if dtype not in _POINTEE:
         raise ValueError(f'unknown storage dtype {dtype!r} (known: {", ".join(_POINTEE)})')
@@ -299,30 +251,7 @@ def kernel_signature(name: str, dtype: str, constexprs: Dict[str, object]) -> Di
     missing = [p.name for p in fn.params if p.is_constexpr and p.name not in constexprs]
     if missing:
         raise ValueError(f'kernel {name!r}: no value for its constexprs {", ".join(missing)}')
-    if callable(getattr(module, 'signature', None)):
-        return dict(module.signature(name, _POINTEE[dtype]))
-    return inferred_signature(name, dtype)
-
-
-def inferred_signature(name: str, dtype: str) -> Dict[str, str]:
-    """The signature of kernel ``name`` for storage ``dtype`` from its JIT parameters
-    alone (the rule of :func:`kernel_signature` for a kernels' module without a
-    ``signature`` function)."""
-    module = _kernels_module()
-    fn = _jit_function(module.KERNELS[name])
-    storage = set(module.STORAGE_ARGS.get(name, ()))
-    integers = _integer_names(fn)
-    signature = {}
-    for param in fn.params:
-        if param.is_constexpr:
-            signature[param.name] = 'constexpr'
-        elif param.name in storage:
-            signature[param.name] = '*' + _POINTEE[dtype]
-        elif param.name.isupper() and param.name not in integers:
-            signature[param.name] = '*fp32'
-        else:
-            signature[param.name] = 'i32'
-    return signature
+    return dict(module.signature(name, _POINTEE[dtype]))
 
 
 def _short_error(error: BaseException) -> str:
