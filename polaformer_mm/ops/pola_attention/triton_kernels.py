@@ -22,9 +22,11 @@ from .triton_resources import Limits, Usage, candidates
 #: precision and storage dtypes. Before timing, :func:`fitting_configs` compiles each for
 #: the running GPU and keeps those that fit it (:mod:`.triton_resources`). The first is
 #: the one the interpreter runs.
-_BLOCKS = [(64, 8), (32, 8), (32, 4), (16, 8), (16, 4)]  # (BLOCK_N, num_warps)
+#: (BLOCK_N, num_warps, num_stages); the last, single-stage one fits a 99 KiB GPU (RTX 30xx /
+#: 40xx, L4, A10) at head width 128, where the double-buffered ones need more shared memory.
+_BLOCKS = [(64, 8, 2), (32, 8, 2), (32, 4, 2), (16, 8, 2), (16, 4, 2), (16, 8, 1)]
 CONFIGS = {
-    name: [triton.Config({'BLOCK_N': bn}, num_warps=w, num_stages=2) for bn, w in _BLOCKS]
+    name: [triton.Config({'BLOCK_N': bn}, num_warps=w, num_stages=st) for bn, w, st in _BLOCKS]
     for name in ('key_summary', 'query_forward', 'query_backward_rows', 'query_backward',
                  'summary_backward', 'value_backward')
 }
@@ -33,7 +35,7 @@ CONFIGS['key_backward'] = [
     triton.Config({
         'BLOCK_N': bn,
         'BLOCK_J': 32
-    }, num_warps=w, num_stages=2) for bn, w in _BLOCKS
+    }, num_warps=w, num_stages=st) for bn, w, st in _BLOCKS
 ]
 
 #: Per kernel, its pointer arguments held in the inputs' storage dtype (the others point to
