@@ -116,7 +116,8 @@ def _innermost(cfg: dict, name: str) -> List[tuple]:
     return [(name, cfg, [])]
 
 
-def _join(root: Optional[str], path: Optional[str]) -> str:
+def join_path(root: Optional[str], path: Optional[str]) -> str:
+    """``path`` under a dataset's ``data_root`` (as mmengine joins them), unless absolute."""
     path = path or ''
     if root and not osp.isabs(path):
         return osp.join(root, path)
@@ -129,13 +130,14 @@ def _loads_masks(pipelines: Sequence) -> bool:
         and t.get('with_mask', False) for t in pipelines)
 
 
-class _Listing:
+class FolderListing:
     """File names per folder, each folder listed once."""
 
     def __init__(self) -> None:
         self._cache: Dict[str, Optional[set]] = {}
 
     def exists(self, path: str) -> bool:
+        """Whether ``path`` is a file of its folder's listing."""
         folder, name = osp.split(path)
         if folder not in self._cache:
             try:
@@ -146,13 +148,15 @@ class _Listing:
         return names is not None and name in names
 
 
-def _classes(ds_cfg: dict, cls) -> Optional[list]:
+def config_classes(ds_cfg: dict, cls) -> Optional[list]:
+    """The classes a dataset config names in its metainfo, else its type's, or None."""
     metainfo = ds_cfg.get('metainfo') or {}
     classes = metainfo.get('classes') or getattr(cls, 'METAINFO', {}).get('classes')
     return list(classes) if classes is not None else None
 
 
-def _remote(ds_cfg: dict) -> bool:
+def is_remote(ds_cfg: dict) -> bool:
+    """Whether the dataset's files are read through a remote file backend."""
     backend = (ds_cfg.get('backend_args') or {}).get('backend', 'local')
     return backend not in ('local', 'disk')
 
@@ -262,7 +266,8 @@ _NUMBER = (int, float)  # compared with type(): a bool in a box is no coordinate
 _BAD_SIZE = (None, None)  # an image whose width or height is not a number
 
 
-def _hashable(value) -> bool:
+def is_hashable(value) -> bool:
+    """Whether ``value`` can be a dict key or a set member (an annotation's id)."""
     try:
         hash(value)
     except TypeError:
@@ -275,7 +280,7 @@ def _short(value, limit: int = 40) -> str:
     return text if len(text) <= limit else text[:limit - 3] + '...'
 
 
-def _check_images(report: DatasetReport, images: list) -> list:
+def check_image_entries(report: DatasetReport, images: list) -> list:
     """The image entries' own findings; returns the entries pycocotools can index (a
     dict with a hashable ``id``)."""
     images = [im for im in images if isinstance(im, dict)]
@@ -288,12 +293,12 @@ def _check_images(report: DatasetReport, images: list) -> list:
             'error', "image entries without 'id', 'file_name', 'width' or 'height' "
             '(mmdet stops with a KeyError), image ids', bad_entries)
     images = [im for im in images if 'id' in im]
-    unhashable = [_short(im['id']) for im in images if not _hashable(im['id'])]
+    unhashable = [_short(im['id']) for im in images if not is_hashable(im['id'])]
     if unhashable:
         report.add(
             'error', 'image ids that are not numbers or strings (pycocotools indexes '
             'images by id: TypeError)', unhashable)
-        images = [im for im in images if _hashable(im['id'])]
+        images = [im for im in images if is_hashable(im['id'])]
     bad_size = [
         f"{im.get('file_name')} (id {im['id']})" for im in images if any(
             key in im and type(im[key]) not in _NUMBER for key in ('width', 'height'))
@@ -332,7 +337,7 @@ def check_coco(report: DatasetReport,
     if loaded is None:
         return
     ann_file, images, anns, cats, raw = loaded
-    cats = _CocoCategories(cats, _classes(ds_cfg, cls))
+    cats = _CocoCategories(cats, config_classes(ds_cfg, cls))
     report.summary = (f'{ds_cfg.get("type")}, {ann_file}: {len(images)} images, '
                       f'{len(anns)} annotations, {len(cats.classes)} classes')
     if not images:
@@ -343,12 +348,12 @@ def check_coco(report: DatasetReport,
             'error', 'category ids that are not numbers or strings (pycocotools indexes '
             'categories by id: TypeError)', cats.bad)
 
-    images = _check_images(report, images)
-    _check_image_files(report, ds_cfg, images)
-    if deep and not _remote(ds_cfg):
+    images = check_image_entries(report, images)
+    check_image_files(report, ds_cfg, images)
+    if deep and not is_remote(ds_cfg):
         from .dataset_deep import check_coco_images
         prefix = (ds_cfg.get('data_prefix') or {}).get('img', '')
-        check_coco_images(report, _join(ds_cfg.get('data_root'), prefix), images)
+        check_coco_images(report, join_path(ds_cfg.get('data_root'), prefix), images)
     masks = _loads_masks(list(ds_cfg.get('pipeline', []) or []) + list(pipelines))
     scan = _CocoScan(images, cats, masks, raw)
     scan.scan(anns)
@@ -361,7 +366,7 @@ def check_coco(report: DatasetReport,
 def _load_coco(report: DatasetReport, ds_cfg: dict) -> Optional[tuple]:
     """(annotation file, images, annotations, categories, raw) of the dataset, or None
     (the error in ``report``) when the file is missing or is not COCO JSON."""
-    ann_file = _join(ds_cfg.get('data_root'), ds_cfg.get('ann_file'))
+    ann_file = join_path(ds_cfg.get('data_root'), ds_cfg.get('ann_file'))
     if not osp.isfile(ann_file):
         report.summary = f'{ds_cfg.get("type")}, {ann_file}'
         report.add('error', f'annotation file not found: {ann_file}')
@@ -381,8 +386,10 @@ class _CocoCategories:
 
     def __init__(self, cats: list, classes: Optional[list]) -> None:
         cats = [c for c in cats if isinstance(c, dict)]
-        self.bad = [_short(c.get('id', c.get('name'))) for c in cats if not _hashable(c.get('id'))]
-        self.cats = [c for c in cats if _hashable(c.get('id')) and _hashable(c.get('name'))]
+        self.bad = [
+            _short(c.get('id', c.get('name'))) for c in cats if not is_hashable(c.get('id'))
+        ]
+        self.cats = [c for c in cats if is_hashable(c.get('id')) and is_hashable(c.get('name'))]
         self.name_to_id = {c.get('name'): c.get('id') for c in self.cats}
         self.classes = list(self.name_to_id) if classes is None else classes
         self.file_ids = {c.get('id') for c in self.cats}
@@ -391,14 +398,15 @@ class _CocoCategories:
         self.ids = {c.get('id') for c in self.cats if c.get('name') in wanted}
 
 
-def _check_image_files(report: DatasetReport, ds_cfg: dict, images: list) -> None:
+def check_image_files(report: DatasetReport, ds_cfg: dict, images: list) -> None:
     """The image files missing on disk (each folder listed once; remote storage is not
     looked at)."""
-    if _remote(ds_cfg):
+    if is_remote(ds_cfg):
         report.add('note', 'images on remote storage: not looked for')
         return
-    img_prefix = _join(ds_cfg.get('data_root'), (ds_cfg.get('data_prefix') or {}).get('img', ''))
-    listing = _Listing()
+    img_prefix = join_path(
+        ds_cfg.get('data_root'), (ds_cfg.get('data_prefix') or {}).get('img', ''))
+    listing = FolderListing()
     missing = [
         im['file_name'] for im in images
         if 'file_name' in im and not listing.exists(osp.join(img_prefix, im['file_name']))
@@ -459,7 +467,7 @@ class _CocoScan:
                 for key in ('id', 'image_id', 'category_id'):
                     if getattr(ann, key) is _MISSING:
                         no_key[key].append(
-                            _where(by_id.get(img_id, {}) if _hashable(img_id) else {}, ann))
+                            _where(by_id.get(img_id, {}) if is_hashable(img_id) else {}, ann))
                 continue
             try:
                 size = sizes.get(img_id)
@@ -669,11 +677,12 @@ class _SegLayout:
         self.reduce_zero_label = opts.get('reduce_zero_label', False)
         root = ds_cfg.get('data_root')
         prefix = ds_cfg.get('data_prefix') or {}
-        self.img_dir = _join(root, prefix.get('img_path', ''))
+        self.img_dir = join_path(root, prefix.get('img_path', ''))
         seg_dir = prefix.get('seg_map_path')
-        self.seg_dir = _join(root, seg_dir) if seg_dir is not None else None
-        self.ann_file = _join(root, ds_cfg.get('ann_file', '')) if ds_cfg.get('ann_file') else ''
-        self.classes = _classes(ds_cfg, cls)
+        self.seg_dir = join_path(root, seg_dir) if seg_dir is not None else None
+        self.ann_file = join_path(root, ds_cfg.get('ann_file',
+                                                   '')) if ds_cfg.get('ann_file') else ''
+        self.classes = config_classes(ds_cfg, cls)
         self.cls = cls
 
     def label_map(self) -> Optional[dict]:
@@ -696,7 +705,7 @@ def check_segmentation(report: DatasetReport,
     layout = _SegLayout(ds_cfg, cls)
     classes = layout.classes
     report.summary = f'{ds_cfg.get("type")}, {layout.img_dir}'
-    if _remote(ds_cfg):
+    if is_remote(ds_cfg):
         report.add('note', 'remote storage: not checked')
         return
     names = _seg_image_names(report, layout)
@@ -709,7 +718,7 @@ def check_segmentation(report: DatasetReport,
     if layout.seg_dir is None:
         return
     seg_files = [n[:-len(layout.img_suffix)] + layout.seg_suffix for n in names]
-    listing = _Listing()
+    listing = FolderListing()
     no_map = [s for s in seg_files if not listing.exists(osp.join(layout.seg_dir, s))]
     if no_map:
         report.add(
@@ -747,7 +756,7 @@ def _seg_image_names(report: DatasetReport, layout: _SegLayout) -> Optional[List
             report.add(
                 'warning', f'images listed more than once in {ann_file} (mmseg uses each '
                 'line: the image is seen once per line)', twice)
-        listing = _Listing()
+        listing = FolderListing()
         missing = [n for n in names if not listing.exists(osp.join(img_dir, n))]
         if missing:
             report.add('error', f'images missing on disk (under {img_dir})', missing)
@@ -832,7 +841,7 @@ def check_other(report: DatasetReport, ds_cfg: dict) -> None:
     """Datasets of other kinds (mmpretrain, ...): the files named in the config exist."""
     root = ds_cfg.get('data_root')
     report.summary = f'{ds_cfg.get("type")}: only the paths are checked'
-    if _remote(ds_cfg):
+    if is_remote(ds_cfg):
         return
     if root and not osp.isdir(root):
         report.add('error', f'data_root not found: {root}')
@@ -842,7 +851,7 @@ def check_other(report: DatasetReport, ds_cfg: dict) -> None:
         if isinstance(value, dict):
             value = next(iter(value.values()), None)
         if value and isinstance(value, str):
-            path = _join(root, value)
+            path = join_path(root, value)
             if not osp.exists(path):
                 report.add('error', f'{key} not found: {path}')
 

@@ -17,8 +17,8 @@ import os.path as osp
 from collections import Counter
 from typing import Optional, Sequence
 
-from .dataset_check import (_check_image_files, _check_images, _classes, _hashable, _join, _Listing,
-                            _remote)
+from .dataset_check import (FolderListing, check_image_entries, check_image_files, config_classes,
+                            is_hashable, is_remote, join_path)
 
 _SEGMENT_KEYS = ('id', 'category_id', 'bbox', 'area')
 
@@ -31,7 +31,7 @@ def _seg_map_name(file_name: str) -> str:
 def _load(report, ds_cfg: dict) -> Optional[tuple]:
     """(annotation file, images, annotations, categories), or None (the error in
     ``report``)."""
-    ann_file = _join(ds_cfg.get('data_root'), ds_cfg.get('ann_file'))
+    ann_file = join_path(ds_cfg.get('data_root'), ds_cfg.get('ann_file'))
     report.summary = f'{ds_cfg.get("type")}, {ann_file}'
     if not osp.isfile(ann_file):
         report.add('error', f'annotation file not found: {ann_file}')
@@ -54,7 +54,7 @@ def _load(report, ds_cfg: dict) -> Optional[tuple]:
 def _categories(report, cats: list, classes: Optional[list]) -> tuple:
     """(category id -> category, ids of the config's classes)."""
     no_isthing = [c.get('name', c.get('id')) for c in cats if 'isthing' not in c]
-    by_id = {c.get('id'): c for c in cats if _hashable(c.get('id'))}
+    by_id = {c.get('id'): c for c in cats if is_hashable(c.get('id'))}
     if no_isthing:
         report.add(
             'error', "categories without 'isthing' (mmdet stops with KeyError: 'isthing'; "
@@ -182,8 +182,8 @@ def _check_seg_maps(report, ds_cfg: dict, scan: _PanopticScan, seg_sample: Optio
     import cv2
     import numpy as np
 
-    seg_dir = _join(ds_cfg.get('data_root'), (ds_cfg.get('data_prefix') or {}).get('seg'))
-    listing = _Listing()
+    seg_dir = join_path(ds_cfg.get('data_root'), (ds_cfg.get('data_prefix') or {}).get('seg'))
+    listing = FolderListing()
     files = [(i, _seg_map_name(str(im.get('file_name')))) for i, im in scan.images.items()]
     missing = [f for _, f in files if not listing.exists(osp.join(seg_dir, f))]
     if missing:
@@ -224,7 +224,7 @@ def check_coco_panoptic(report,
     if loaded is None:
         return
     ann_file, images, anns, cats = loaded
-    by_id, class_ids, names = _categories(report, cats, _classes(ds_cfg, cls))
+    by_id, class_ids, names = _categories(report, cats, config_classes(ds_cfg, cls))
     report.summary = (
         f'{ds_cfg.get("type")}, {ann_file}: {len(images)} images, '
         f'{sum(len(a.get("segments_info") or []) for a in anns if isinstance(a, dict))}'
@@ -232,16 +232,16 @@ def check_coco_panoptic(report,
     if not images:
         report.add('error', 'the file lists no images')
         return
-    images = _check_images(report, images)
-    _check_image_files(report, ds_cfg, images)
-    if deep and not _remote(ds_cfg):
+    images = check_image_entries(report, images)
+    check_image_files(report, ds_cfg, images)
+    if deep and not is_remote(ds_cfg):
         from .dataset_deep import check_coco_images
         prefix = (ds_cfg.get('data_prefix') or {}).get('img', '')
-        check_coco_images(report, _join(ds_cfg.get('data_root'), prefix), images)
+        check_coco_images(report, join_path(ds_cfg.get('data_root'), prefix), images)
     scan = _PanopticScan(images, by_id, class_ids)
     scan.scan(anns)
     scan.report(report, names)
-    if (ds_cfg.get('data_prefix') or {}).get('seg') and not _remote(ds_cfg):
+    if (ds_cfg.get('data_prefix') or {}).get('seg') and not is_remote(ds_cfg):
         _check_seg_maps(report, ds_cfg, scan, seg_sample)
     if training:
         _check_training_set(report, ds_cfg, scan)

@@ -507,6 +507,44 @@ def summarize(rows: Sequence[Row],
         verdict=verdict)
 
 
+def _check_device(device: Optional[str]) -> torch.device:
+    """The device of the check (default: 'cpu' under Triton's interpreter, else 'cuda'),
+    or a RuntimeError naming why the kernels cannot run there."""
+    if device is None:
+        device = 'cpu' if interpreting() else 'cuda'
+    dev = torch.device(device)
+    if dev.type == 'cuda' and not torch.cuda.is_available():
+        raise RuntimeError('the kernel check needs a CUDA GPU, and torch sees none')
+    if dev.type != 'cuda' and not interpreting():
+        raise RuntimeError(f'the kernels run on {dev} tensors only under TRITON_INTERPRET=1')
+    return dev
+
+
+def _write_header(stream: TextIO, env: dict) -> None:
+    """The versions, the GPU and the tolerances, above the table."""
+    stream.write('kernel check: '
+                 + ', '.join(f'{k} {env[k]}'
+                             for k in ('python', 'torch', 'triton', 'device', 'triton_interpret')))
+    stream.write((f', GPU {env["gpu"]} ({env["gpu_memory_gib"]} GiB, sm {env["capability"]})'
+                  if 'gpu' in env else '') + '\n')
+    stream.write('tolerances (max |triton - torch| / max |torch|): '
+                 + ', '.join(f'{k} {v:.1e}' for k, v in env['tolerances'].items()) + '\n')
+
+
+def _run_checks(cases, dev: torch.device, table, skip, over_budget) -> None:
+    """One row per case: checked, or skipped with the reason (width, dtype, time budget)."""
+    for case in cases:
+        row = Row('check', case.name, _dtype_name(case.dtype), case.shape, 'SKIP')
+        if case.d > triton_backend.MAX_HEAD_DIM:
+            skip(row, f'd > {triton_backend.MAX_HEAD_DIM}')
+        elif case.dtype not in triton_backend.TOLERANCES:
+            skip(row, 'no tolerance')
+        elif over_budget():
+            skip(row, 'time budget')
+        else:
+            table.add(check_case(case, dev))
+
+
 def run_selfcheck(quick: bool = False,
                   device: Optional[str] = None,
                   timing_dtype: torch.dtype = torch.float16,
@@ -536,24 +574,12 @@ def run_selfcheck(quick: bool = False,
         dict: :func:`summarize` of the run.
     """
     stream = stream if stream is not None else sys.stdout
-    if device is None:
-        device = 'cpu' if interpreting() else 'cuda'
-    dev = torch.device(device)
-    if dev.type == 'cuda' and not torch.cuda.is_available():
-        raise RuntimeError('the kernel check needs a CUDA GPU, and torch sees none')
-    if dev.type != 'cuda' and not interpreting():
-        raise RuntimeError(f'the kernels run on {dev} tensors only under TRITON_INTERPRET=1')
+    dev = _check_device(device)
     if quick:
         warmup, repeats = min(warmup, 1), 1
     start = time.perf_counter()
     env = environment(dev)
-    stream.write('kernel check: '
-                 + ', '.join(f'{k} {env[k]}'
-                             for k in ('python', 'torch', 'triton', 'device', 'triton_interpret')))
-    stream.write((f', GPU {env["gpu"]} ({env["gpu_memory_gib"]} GiB, sm {env["capability"]})'
-                  if 'gpu' in env else '') + '\n')
-    stream.write('tolerances (max |triton - torch| / max |torch|): '
-                 + ', '.join(f'{k} {v:.1e}' for k, v in env['tolerances'].items()) + '\n')
+    _write_header(stream, env)
 
     def save(rows: List[Row]) -> None:
         if json_path:
@@ -578,18 +604,10 @@ def run_selfcheck(quick: bool = False,
                 details=dict(error=triton_backend.unavailable_reason())))
     else:
         table.add(Row('kernels', 'load', '', '', 'PASS', f'Triton {env["triton"]}'))
-        for case in QUICK_CASES if quick else FULL_CASES:
-            row = Row('check', case.name, _dtype_name(case.dtype), case.shape, 'SKIP')
-            if case.d > triton_backend.MAX_HEAD_DIM:
-                skip(row, f'd > {triton_backend.MAX_HEAD_DIM}')
-            elif case.dtype not in triton_backend.TOLERANCES:
-                skip(row, 'no tolerance')
-            elif time.perf_counter() - start > budget_s:
-                skip(row, 'time budget')
-            else:
-                table.add(check_case(case, dev))
+        over_budget = lambda: time.perf_counter() - start > budget_s
+        _run_checks(QUICK_CASES if quick else FULL_CASES, dev, table, skip, over_budget)
         for B, h, N in (QUICK_TIMING_SHAPES if quick else TIMING_SHAPES) if timing else ():
-            if time.perf_counter() - start > budget_s:
+            if over_budget():
                 skip(
                     Row('time', 'all paths', _dtype_name(timing_dtype),
                         f'{B},{h},{N},{N},{TIMING_HEAD_DIM}', 'SKIP'), 'time budget')
