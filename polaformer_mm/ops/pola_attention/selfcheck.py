@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import pola_linear_attention, triton_backend
+from .triton_backend import interpreting
 
 __all__ = [
     'Case', 'FULL_CASES', 'QUICK_CASES', 'TIMING_SHAPES', 'QUICK_TIMING_SHAPES', 'Row', 'Table',
@@ -125,11 +126,6 @@ WIDTHS = (12, 30, 8, 18, 6, 28, 28, 6)
 #: kernels hand the call over (alpha = 100): the accuracy the op keeps up to ``ALPHA_MAX``
 #: (:func:`~.checks.check_alpha`), or the dtype's tolerance if that is wider.
 EXACT_BOUND = 1e-4
-
-
-def interpreting() -> bool:
-    """Whether ``TRITON_INTERPRET=1`` is set (the kernels then run on CPU tensors)."""
-    return os.environ.get('TRITON_INTERPRET', '0') == '1'
 
 
 @dataclass
