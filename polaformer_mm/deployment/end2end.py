@@ -19,6 +19,7 @@ import torch
 import torch.nn as nn
 
 from ..utils.capture import exportable
+from ..utils.graph_forms import graph_forms
 from .export import DEFAULT_OPSET, build_model, traceable_upsampling
 from .graph_passes import finish_graph_file
 from .rewrites import register_mmdeploy_rewrites
@@ -250,9 +251,11 @@ def _mmdeploy_export(model, cfg, deploy, inputs: torch.Tensor, sample, path: str
                      opset: Optional[int]) -> dict:
     """``mmdeploy.apis.onnx.export`` of ``model`` on ``inputs`` to ``path`` with the
     codebase's and the project's rewrites, under the TorchScript exporter's API and the
-    graph-capture switch; returns the deploy config's ``onnx_config``."""
+    graph-capture switch, with the modules in their graph forms
+    (:func:`polaformer_mm.utils.graph_forms.graph_forms`); returns the deploy config's
+    ``onnx_config``."""
     from ..utils.compat import legacy_onnx_export_api
-    with legacy_onnx_export_api(), warnings.catch_warnings(), exportable():
+    with legacy_onnx_export_api(), warnings.catch_warnings(), exportable(), graph_forms(model):
         warnings.filterwarnings('ignore', category=torch.jit.TracerWarning)
         from mmdeploy.apis import build_task_processor
         from mmdeploy.apis.onnx import export
@@ -297,7 +300,8 @@ def export_end2end(config: Union[str, 'Config'],
     export runs ``mmdeploy.apis.onnx.export`` (what mmdeploy's ``torch2onnx`` runs) under
     :func:`polaformer_mm.utils.compat.legacy_onnx_export_api` (the TorchScript exporter
     on torch 2.5+; the torch API mmdeploy's symbolics call), with the graph-capture switch
-    set (:func:`polaformer_mm.utils.capture.exportable`). The graph takes the
+    set (:func:`polaformer_mm.utils.capture.exportable`) and the modules in their graph
+    forms (:func:`polaformer_mm.utils.graph_forms.graph_forms`). The graph takes the
     preprocessed image (:func:`preprocess_image`) and returns, for detectors, ``dets``
     (B, N, 5: boxes x1 y1 x2 y2 in input pixels and scores) and ``labels`` (B, N), plus
     ``masks`` (B, N, M, M mask probabilities in the box; M the mask head's output size:

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from ..utils.capture import exportable
 from ..utils.compat import TORCHSCRIPT_ONNX_EXPORT
+from ..utils.graph_forms import graph_forms
 from .graph_passes import finish_graph_file
 from .window_scan import window_attention_scopes
 
@@ -213,7 +214,8 @@ def export_onnx(module: nn.Module,
                 block_mlps: bool = True) -> List[str]:
     """Export ``module`` (one image tensor in, a tuple of tensors out) to ``path`` with
     the TorchScript exporter, traced at a (1, in_channels, H, W) input, with the
-    graph-capture switch set (:func:`polaformer_mm.utils.capture.exportable`); then the
+    graph-capture switch set (:func:`polaformer_mm.utils.capture.exportable`) and the
+    modules in their graph forms (:func:`polaformer_mm.utils.graph_forms.graph_forms`); then the
     file goes through :func:`~polaformer_mm.deployment.graph_passes.finish_graph_file`
     (with the graph's transformer MLPs over blocks of tokens:
     :func:`~polaformer_mm.deployment.blocked_mlp.block_mlps`).
@@ -248,7 +250,7 @@ def export_onnx(module: nn.Module,
     folder = osp.dirname(osp.abspath(path))
     if not osp.isdir(folder):
         raise FileNotFoundError(f'output folder does not exist: {folder}')
-    with torch.no_grad(), warnings.catch_warnings(), exportable():
+    with torch.no_grad(), warnings.catch_warnings(), exportable(), graph_forms(module):
         # the op's argument checks compare traced sizes (TracerWarnings): they check the
         # call at trace time and record nothing; every size the graph uses is recorded
         warnings.filterwarnings(

@@ -16,6 +16,7 @@ from polaformer_mm.models import PolaPVT, PolaSwin
 from polaformer_mm.ops import pola_linear_attention
 from polaformer_mm.utils.capture import graph_capture
 from polaformer_mm.utils.compat import TORCHSCRIPT_ONNX_EXPORT
+from polaformer_mm.utils.graph_forms import graph_forms
 from tests import REPO
 from .._onnx import randomised
 from .._tools import load_tool
@@ -131,7 +132,7 @@ def test_fp16_graph_is_finite(tmp_path):
     model = ExportableModel(randomised(BACKBONES['pvt']), 'backbone').half()
     path = str(tmp_path / 'fp16.onnx')
     images = torch.randn(1, 3, *EXPORT_HW).half()
-    with torch.no_grad():
+    with torch.no_grad(), graph_forms(model):
         torch.onnx.export(
             model, (images, ),
             path,

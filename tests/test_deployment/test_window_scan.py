@@ -13,6 +13,7 @@ from polaformer_mm.deployment import ExportableModel, check_onnx, export_onnx
 from polaformer_mm.deployment.window_scan import scan_windows, window_attention_scopes
 from polaformer_mm.utils.capture import exportable
 from polaformer_mm.utils.compat import TORCHSCRIPT_ONNX_EXPORT
+from polaformer_mm.utils.graph_forms import graph_forms
 from .._onnx import randomised
 from .test_onnx_export import BACKBONES
 
@@ -97,7 +98,7 @@ def test_backbone_export_scans_its_windows_with_the_values_as_traced(tmp_path):
     # the graph as traced, with and without the rewrite: onnxruntime's values agree
     traced = str(tmp_path / 'traced.onnx')
     images = torch.randn(1, 3, 72, 88)
-    with torch.no_grad(), exportable():
+    with torch.no_grad(), exportable(), graph_forms(model):
         torch.onnx.export(
             model, (images, ),
             traced,
