@@ -16,7 +16,7 @@ from torch import Tensor
 from ..ops import pola_linear_attention
 from ..ops.pola_attention.channels_first import pola_linear_attention_channels_first
 from ..ops.pola_attention.checks import check_alpha
-from ..utils.capture import onnx_export
+from ..utils.graph_forms import register_graph_form
 from .utils import (check_sizes, conv_token_map, depthwise_conv, nchw_to_nlc, nlc_to_nchw,
                     pad_for_patches, resize_token_grid, softmax_attention, token_rows)
 
@@ -303,11 +303,10 @@ class PolaLinearAttention(nn.Module):
                 padding_mask: Optional[Tensor] = None,
                 pos_encoding: Optional[Tensor] = None) -> Tensor:
         """Attend over the tokens ``x`` (B, H*W, C) laid out on ``hw_shape``;
-        the arguments are those of :meth:`project`. Returns (B, H*W, C). An ONNX
-        export records :meth:`forward_channels_first`, the same result in the layout
-        graph runtimes run fastest."""
-        if onnx_export():
-            return self.forward_channels_first(x, hw_shape, padding_mask, pos_encoding)
+        the arguments are those of :meth:`project`. Returns (B, H*W, C). An export
+        inside :func:`~polaformer_mm.utils.graph_forms.graph_forms` records
+        :meth:`forward_channels_first` (:func:`pola_attention_graph_form`), the same
+        result in the layout graph runtimes run fastest."""
         (q, k, v, g, eps, _), scale = self._project(
             x, hw_shape, padding_mask, pos_encoding, divide=False)
         out = pola_linear_attention(q, k, v, self.power, self.alpha, eps, scale=scale)
@@ -333,7 +332,8 @@ class PolaLinearAttention(nn.Module):
                                padding_mask: Optional[Tensor] = None,
                                pos_encoding: Optional[Tensor] = None) -> Tensor:
         """:meth:`forward` (same arguments, same result up to rounding) with heads laid
-        out channels first, the form an ONNX export records.
+        out channels first, the form an ONNX export records (its graph form:
+        :func:`pola_attention_graph_form`).
 
         The projections are products ``W x^T`` (B, C, N): ``softplus(scale)`` folded
         into the query and key rows, the biases of the others a column of ``W`` that
@@ -431,6 +431,15 @@ class PolaLinearAttention(nn.Module):
         else:
             v = merge_heads(v, h).reshape(B, H, W, C).permute(0, 3, 1, 2)
         return self._depthwise_all_heads(v).permute(0, 2, 3, 1).reshape(B, N, C)
+
+
+@register_graph_form(PolaLinearAttention)
+def pola_attention_graph_form(module: PolaLinearAttention, *args, **kwargs) -> Tensor:
+    """The graph form of :class:`PolaLinearAttention` and of its subclasses
+    (:mod:`polaformer_mm.utils.graph_forms`): the module's ``forward_channels_first``,
+    with the arguments of its ``forward`` (a subclass that overrides both keeps them
+    paired)."""
+    return module.forward_channels_first(*args, **kwargs)
 
 
 class SpatialReductionAttention(nn.Module):

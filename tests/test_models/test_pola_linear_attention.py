@@ -69,3 +69,78 @@ def test_bad_input_is_named():
         PolaLinearAttention(16, 3, pos_grid=(4, 4))
     with pytest.raises(ValueError, match='sr_ratio'):
         PolaLinearAttention(16, 2, pos_grid=(4, 4), sr_ratio=2, family='swin')
+
+
+def _onnx_ops(module, x, hw, tmp_path, forms):
+    """The operator types of an ONNX export of ``module(x, hw)`` (opset 11), taken inside
+    ``graph_forms(module)`` or not."""
+    import contextlib
+
+    import onnx
+
+    from polaformer_mm.utils.compat import TORCHSCRIPT_ONNX_EXPORT
+    from polaformer_mm.utils.graph_forms import graph_forms
+
+    class Call(torch.nn.Module):
+
+        def __init__(self):
+            super().__init__()
+            self.attn = module
+
+        def forward(self, tokens):
+            return self.attn(tokens, hw)
+
+    path = str(tmp_path / f'attn_{forms}.onnx')
+    wrapper = Call().eval()
+    with torch.no_grad(), graph_forms(wrapper) if forms else contextlib.nullcontext():
+        torch.onnx.export(wrapper, (x, ), path, opset_version=11, **TORCHSCRIPT_ONNX_EXPORT)
+    return {n.op_type for n in onnx.load(path).graph.node}
+
+
+@pytest.mark.parametrize('family,sr', [('pvt', 2), ('swin', 1)])
+def test_the_exporter_chooses_the_channels_first_form(family, sr, tmp_path):
+    """The module's forward is the eager maths alone; inside ``graph_forms`` (which the
+    project's exporters enter) it runs ``forward_channels_first``, whose graph has its
+    projections as products ``W x^T`` (no token-row ``Gemm``) and no ``x+`` / ``x-``
+    (``Relu``), and on exit its own forward again."""
+    from polaformer_mm.utils.graph_forms import graph_form_of, graph_forms
+
+    attn = _randomise(PolaLinearAttention(16, 2, pos_grid=(4, 4), sr_ratio=sr,
+                                          family=family)).eval()
+    x, hw = torch.randn(1, 56, 16), (7, 8)
+    with torch.no_grad():
+        eager = attn(x, hw)
+        with graph_forms(attn) as names:
+            assert names == ['']
+            graph = attn(x, hw)
+            torch.testing.assert_close(graph, attn.forward_channels_first(x, hw), rtol=0, atol=0)
+        assert 'forward' not in attn.__dict__
+        torch.testing.assert_close(attn(x, hw), eager, rtol=0, atol=0)
+    assert (graph - eager).abs().max() <= 1e-5 * eager.abs().max()
+    assert graph_form_of(attn) is not None
+    exported = _onnx_ops(attn, x, hw, tmp_path, forms=True)
+    plain = _onnx_ops(attn, x, hw, tmp_path, forms=False)
+    assert {'Gemm', 'Relu'} <= plain and not {'Gemm', 'Relu'} & exported, (plain, exported)
+
+
+def test_a_subclass_graph_form_is_its_own_channels_first_form():
+    """The registered form calls the module's own ``forward_channels_first``: a subclass
+    that overrides it (as PolaViTAttention does) records its override."""
+    from polaformer_mm.utils.graph_forms import graph_forms
+
+    calls = []
+
+    class Logged(PolaLinearAttention):
+
+        def forward_channels_first(self, x, hw_shape, *args, **kwargs):
+            calls.append(tuple(hw_shape))
+            return super().forward_channels_first(x, hw_shape, *args, **kwargs)
+
+    attn = Logged(16, 2, pos_grid=(4, 4), family='swin').eval()
+    x = torch.randn(1, 12, 16)
+    with torch.no_grad():
+        attn(x, (3, 4))
+        assert calls == []
+        with graph_forms(attn):
+            attn(x, (3, 4))
+    assert calls == [(3, 4)]
