@@ -2,8 +2,10 @@
 # (512x512, 8x2, 160k, AdamW lr 6e-5 wd 0.01, 1500-iter warm-up + poly, custom_keys rules)
 # come from the softmax baseline upernet_deit-s16_8xb2-160k_ade20k-512x512.py;
 # only the backbone is swapped: PolaViT with Pola attention in every block, the same
-# outputs as the baseline's ViT (blocks 2/5/8/11, no final norm, 384 channels, position
-# embeddings resized bicubically to the 512x512 grid), drop path 0.1.
+# outputs as the baseline's ViT (blocks 2/5/8/11, no final norm, 384 channels), drop path
+# 0.1. Its position embedding and positional encodings P lie on the 14x14 grid of
+# pretrain_img_size=224 (that of the ImageNet weights) and are resized bicubically to the
+# input's grid at run time (32x32 for a 512x512 crop).
 #
 # Weights: no official Pola-DeiT checkpoint exists. checkpoints/pola_deit_s_mm.pth is the
 # softmax DeiT-S ImageNet file turned into Pola-DeiT by the warm-start converter
@@ -20,7 +22,7 @@ model = dict(
         _delete_=True,
         type='PolaViT',
         arch='deit-small',
-        img_size=(512, 512),
+        pretrain_img_size=224,
         attn_types='L',
         out_indices=(2, 5, 8, 11),
         final_norm=False,

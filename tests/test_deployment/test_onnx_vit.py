@@ -18,7 +18,7 @@ ARCH = dict(embed_dims=32, num_layers=3, num_heads=2, feedforward_channels=64)
 
 def _small_vit(**kwargs):
     """A small PolaViT (three blocks of 32 channels, all three returned)."""
-    return PolaViT(arch=ARCH, img_size=64, out_indices=(0, 1, 2), **kwargs)
+    return PolaViT(arch=ARCH, pretrain_img_size=64, out_indices=(0, 1, 2), **kwargs)
 
 
 @pytest.mark.slow
@@ -64,11 +64,11 @@ def test_flops_count_the_attention(attn_types, flop_table):
     products and the class query's softmax in every 'L' block, the softmax of every
     'S' block."""
     register_extra_flop_ops()
-    backbone = dict(type='PolaViT', arch=ARCH, img_size=64, attn_types=attn_types)
+    backbone = dict(type='PolaViT', arch=ARCH, pretrain_img_size=64, attn_types=attn_types)
     cfg = Config(dict(default_scope='mmseg', model=dict(backbone=backbone)))
     row = measure(cfg, (64, 96), whole=False)
     assert row['uncounted'] == []
-    model = PolaViT(arch=ARCH, img_size=64, attn_types=attn_types).eval()
+    model = PolaViT(arch=ARCH, pretrain_img_size=64, attn_types=attn_types).eval()
     assert row['params'] == sum(p.numel() for p in model.parameters())
     from mmengine.analysis import FlopAnalyzer
     analyzer = FlopAnalyzer(model, (torch.randn(1, 3, 64, 96), ))

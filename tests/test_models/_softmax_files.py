@@ -25,7 +25,7 @@ PVT_POLA = dict(
 PVTV2_MMDET = dict(embed_dims=8, num_layers=[1, 2, 1, 1], num_heads=[1, 2, 5, 8], drop_path_rate=0.)
 PVTV2_POLA = dict(arch=dict(PVT_POLA['arch']), drop_path_rate=0.)
 VIT_ARCH = dict(embed_dims=32, num_layers=3, num_heads=2, feedforward_channels=64)
-VIT_POLA = dict(arch=VIT_ARCH, img_size=64, out_indices=(0, 2), drop_path_rate=0.)
+VIT_POLA = dict(arch=VIT_ARCH, pretrain_img_size=64, out_indices=(0, 2), drop_path_rate=0.)
 SWIN_MMDET = dict(
     embed_dims=16, depths=[1, 2, 1, 1], num_heads=[1, 2, 4, 8], window_size=2, drop_path_rate=0.)
 SWIN_POLA = dict(

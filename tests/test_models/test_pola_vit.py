@@ -1,9 +1,12 @@
 """PolaViT (Pola-DeiT): the softmax twin against mmpretrain's DeiT in both directions,
 any input size, the class-token design, parameter counts, loading and arguments."""
+import logging
 import math
+import warnings
 
 import pytest
 import torch
+from mmengine.logging import MMLogger
 from mmpretrain.models.backbones import VisionTransformer
 
 from polaformer_mm.models import PolaViT
@@ -139,13 +142,13 @@ def test_output_cls_token_and_final_norm_as_mmseg_and_mmpretrain():
 
 
 def test_a_file_of_another_size_loads_resized_as_mmpretrain_resizes_it():
-    """A 224 file into a model built for 64 x 96 inputs: the position embedding is
-    resized on loading as mmpretrain resizes it (the same outputs), and so is every
-    'L' positional encoding."""
+    """A 224 file into a model pretrained at 64 x 96: the position embedding is resized
+    on loading as mmpretrain resizes it (the same outputs), and so is every 'L'
+    positional encoding."""
     ref224 = _mmpretrain_deit(TINY, out_indices=[2])
     ref = _mmpretrain_deit(TINY, out_indices=[2], img_size=(64, 96))
     ref.load_state_dict(ref224.state_dict())
-    ours = PolaViT(arch=TINY, attn_types='S', img_size=(64, 96))
+    ours = PolaViT(arch=TINY, attn_types='S', pretrain_img_size=(64, 96))
     ours._load_pretrained(ref224.state_dict(), 'a file at 224')
     assert ours.pos_embed.shape == (1, 1 + 4 * 6, 32)
     x = torch.randn(1, 3, 64, 96)
@@ -153,7 +156,7 @@ def test_a_file_of_another_size_loads_resized_as_mmpretrain_resizes_it():
         assert _max_error(ours.eval()(x), ref(x)) < 1e-5
     # an all-'L' file at 224 into an all-'L' model at 64 x 96: P resized bicubically
     pola224 = _randomise(PolaViT(arch=TINY))
-    pola = PolaViT(arch=TINY, img_size=(64, 96))
+    pola = PolaViT(arch=TINY, pretrain_img_size=(64, 96))
     pola.load_state_dict(pola224.state_dict(), strict=True)
     want = resize_token_grid(pola224.layers[1].attn.positional_encoding.detach(), (14, 14), (4, 6),
                              'bicubic')
@@ -187,7 +190,7 @@ def test_deit_tiny_mixed_blocks_forward():
     torch.manual_seed(0)
     model = PolaViT(arch='deit-tiny', out_indices=OUT_INDICES, attn_types='LSLSLLSSLLLS')
     assert [type(b.attn).__name__
-            for b in model.layers[:2]] == ['PolaViTAttention', 'ViTSoftmaxAttention']
+            for b in model.layers[:2]] == ['PolaViTAttention', 'MultiheadAttention']
     model.init_weights()
     with torch.no_grad():
         outs = model.eval()(torch.randn(1, 3, 97, 131))
@@ -346,7 +349,7 @@ def test_mmseg_upernet_with_multilevel_neck_takes_the_outputs():
     wire them (four block outputs, rescaled 4, 2, 1, 0.5)."""
     from mmengine.registry import DefaultScope
     from mmseg.registry import MODELS
-    model = PolaViT(arch='deit-tiny', out_indices=OUT_INDICES, img_size=64).eval()
+    model = PolaViT(arch="deit-tiny", out_indices=OUT_INDICES, pretrain_img_size=64).eval()
     with DefaultScope.overwrite_default_scope('mmseg'):  # as mmseg's Runner does
         neck = MODELS.build(
             dict(
@@ -389,6 +392,7 @@ def test_configs_build_it_in_every_scope(scope):
     (dict(out_indices='2'), TypeError, r'out_indices must be an int or a list'),
     (dict(frozen_stages=4), ValueError, r'frozen_stages must be in -1\.\.3'),
     (dict(img_size=0), ValueError, r'img_size must be a positive int'),
+    (dict(pretrain_img_size=(224, 0)), ValueError, r'pretrain_img_size must be a positive int'),
     (dict(patch_size=0), ValueError, r'patch_size must be a positive int'),
     (dict(interpolate_mode='nearest'), ValueError, r'interpolate_mode must be one of'),
     (dict(drop_path_rate=1.0), ValueError, r'drop_path_rate must be in \[0, 1\)'),
@@ -421,3 +425,132 @@ def test_attn_types_errors_name_the_argument(attn_types):
     assert text.startswith("attn_types must be one letter 'L'/'S' for all 12 blocks"), text
     assert repr(attn_types) in text
     assert PolaViT(arch='deit-tiny', attn_types=['l'] * 12).attn_types == 'L' * 12
+
+
+def test_parameters_do_not_depend_on_the_input_size():
+    """Pola-DeiT-S has the same parameters whatever img_size says: the position embedding
+    and every P lie on the 14x14 grid of pretrain_img_size=224 and are resized to the
+    input's grid at run time; pretrain_img_size=512 gives the former 512 layout (32x32)."""
+    counts = {}
+    for img_size in (None, 224, 512):
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')
+            model = PolaViT(arch='deit-small', img_size=img_size)
+        assert model.pos_embed.shape == (1, 1 + 14 * 14, 384)
+        assert model.layers[0].attn.positional_encoding.shape == (1, 14 * 14, 384)
+        counts[img_size] = sum(p.numel() for p in model.parameters())
+    assert counts[224] == counts[512] == counts[None] == 24_372_096
+    former = PolaViT(arch='deit-small', pretrain_img_size=512)
+    assert sum(p.numel() for p in former.parameters()) == counts[224] + 13 * (1024 - 196) * 384
+
+
+def test_an_img_size_that_would_have_set_other_grids_is_warned_about():
+    with pytest.warns(
+            UserWarning,
+            match=r'img_size=\(512, 512\) no longer sizes .* 14x14 .* '
+            r'pretrain_img_size=\(512, 512\) for the 32x32 grid'):
+        PolaViT(arch=TINY, img_size=512)
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        PolaViT(arch=TINY, img_size=224)
+        PolaViT(arch=TINY, img_size=64, pretrain_img_size=64)
+
+
+class _Records(logging.Handler):
+    """The records of mmengine's current logger while in a ``with`` block."""
+
+    def __enter__(self):
+        self.records = []
+        MMLogger.get_current_instance().addHandler(self)
+        return self.records
+
+    def __exit__(self, *exc):
+        MMLogger.get_current_instance().removeHandler(self)
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@pytest.mark.parametrize('side', [8, 32])
+def test_a_file_of_the_former_layout_loads_resized_and_says_so(tmp_path, side):
+    """A Pola file whose position embedding and P lie on another grid than that of
+    pretrain_img_size (the former layout: the grid of img_size) loads, strictly and through
+    init_cfg, with every grid resized to the model's, logged with the keys and both grids
+    (a warning, with the pretrain_img_size that keeps the file's grid, where the file's is
+    larger); built with that pretrain_img_size, the model loads it as it is."""
+    old = _randomise(PolaViT(arch=TINY, attn_types='LSL', pretrain_img_size=16 * side))
+    state = old.state_dict()
+    path = str(tmp_path / 'old.pth')
+    torch.save(state, path)
+    P = 'layers.{0,2}.attn.positional_encoding'
+    loads = [
+        lambda m: m.load_state_dict(state, strict=True),
+        lambda m: m._load_pretrained(state, path),
+        lambda m: m.init_weights(),
+    ]
+    for load in loads:
+        model = PolaViT(
+            arch=TINY, attn_types='LSL', init_cfg=dict(type='Pretrained', checkpoint=path))
+        with _Records() as records:
+            load(model)
+        said = [r for r in records if 'resized' in r.getMessage()]
+        assert len(said) == 1, [r.getMessage() for r in records]
+        text = said[0].getMessage()
+        assert f'pos_embed, {P}' in text and f"file's {side}x{side} grid" in text
+        assert "this model's 14x14 (pretrain_img_size 224x224" in text
+        if side > 14:
+            assert said[0].levelno == logging.WARNING
+            assert f'pretrain_img_size={16 * side}' in text
+        else:
+            assert said[0].levelno == logging.INFO
+        for j in (0, 2):
+            want = resize_token_grid(state[f'layers.{j}.attn.positional_encoding'], (side, side),
+                                     (14, 14), 'bicubic')
+            torch.testing.assert_close(model.layers[j].attn.positional_encoding.detach(), want)
+    same = PolaViT(arch=TINY, attn_types='LSL', pretrain_img_size=16 * side)
+    with _Records() as records:
+        same.load_state_dict(state, strict=True)
+    assert not [r for r in records if 'resized' in r.getMessage()]
+    x = torch.randn(1, 3, 80, 48)
+    with torch.no_grad():
+        torch.testing.assert_close(same.eval()(x), old.eval()(x))
+
+
+def test_blocks_are_mmpretrain_layers_and_build_no_attention_they_discard(monkeypatch):
+    """'S' blocks are mmpretrain's TransformerEncoderLayer with its own attention, left as
+    mmpretrain built it; 'L' blocks build their Pola attention only: one attention module
+    is built per block."""
+    from mmpretrain.models.backbones.vision_transformer import TransformerEncoderLayer
+    from mmpretrain.models.utils import MultiheadAttention
+    from mmpretrain.models.utils import attention as mmpretrain_attention
+    built = []
+    for cls in (MultiheadAttention, PolaViTAttention):
+        init = cls.__init__
+
+        def counted(self, *args, _init=init, _cls=cls, **kwargs):
+            built.append(_cls.__name__)
+            _init(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, '__init__', counted)
+    model = PolaViT(arch=TINY, attn_types='LSS')
+    assert built == ['PolaViTAttention', 'MultiheadAttention', 'MultiheadAttention']
+    assert not isinstance(model.layers[0], TransformerEncoderLayer)
+    for block in model.layers[1:]:
+        assert isinstance(block, TransformerEncoderLayer)
+        own = mmpretrain_attention.scaled_dot_product_attention
+        assert block.attn.scaled_dot_product_attention is own
+
+
+def test_graph_forms_compute_the_forward():
+    """Inside graph_forms (as the exporters run the model) the 'L' attention takes its
+    channels-first form and the 'S' block its opset-11 form: the same outputs."""
+    from polaformer_mm.utils.graph_forms import graph_forms
+    torch.manual_seed(0)
+    model = _randomise(PolaViT(arch=TINY, attn_types='LSL', out_indices=(0, 1, 2)), 0.1).eval()
+    x = torch.randn(2, 3, 50, 70)
+    with torch.no_grad():
+        want = model(x)
+        with graph_forms(model) as names:
+            got = model(x)
+    assert names == ['layers.0.attn', 'layers.1', 'layers.2.attn']
+    assert _max_error(got, want) < 1e-5

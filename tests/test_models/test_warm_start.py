@@ -356,11 +356,11 @@ def test_init_cfg_misuse_is_named(files):
 
 
 def test_deit_position_embedding_resized_to_the_backbones_size(files):
-    """A DeiT file learned at 64x64 into a PolaViT at 96x96: the position embedding is
+    """A DeiT file learned at 64x64 into a PolaViT pretrained at 96x96: the position embedding is
     resized as PolaViT resizes it on load, and the report says so."""
-    model = _pola('vit', 'L', img_size=96)
+    model = _pola('vit', 'L', pretrain_img_size=96)
     report = warm_start(model, files['vit_release'], log=False)
     assert report.loaded['pos_embed'] == ['pos_embed (resized to (1, 37, 32))']
-    reference = _pola('vit', 'S', img_size=96)
+    reference = _pola('vit', 'S', pretrain_img_size=96)
     reference.load_state_dict(files['vit'].state_dict())  # PolaViT's own resizing on load
     torch.testing.assert_close(model.pos_embed, reference.pos_embed, rtol=0, atol=0)

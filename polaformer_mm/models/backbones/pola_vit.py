@@ -1,25 +1,28 @@
 """Pola-DeiT: mmpretrain's plain ViT at the DeiT sizes with polarity-aware linear
 attention, at any input size."""
+import logging
 import math
+import warnings
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from mmcv.cnn.bricks import DropPath
-from mmcv.cnn.bricks.transformer import PatchEmbed
+from mmcv.cnn.bricks.transformer import FFN, PatchEmbed
 from mmengine.logging import MMLogger
+from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 from mmengine.registry import MODELS
 from mmengine.utils import to_2tuple
 from mmpretrain.models.backbones.vision_transformer import (TransformerEncoderLayer,
                                                             VisionTransformer)
-from mmpretrain.models.utils import MultiheadAttention, build_norm_layer
+from mmpretrain.models.utils import build_norm_layer
 from torch import Tensor
 
 from ...ops import pola_linear_attention
 from ...ops.pola_attention import pola_linear_attention_channels_first
-from ...utils.capture import onnx_export
+from ...utils.graph_forms import register_graph_form
 from ..attention import (PolaLinearAttention, channels_first_projection, linear_parts, merge_heads,
                          split_heads, with_ones)
 from ..utils import (StagePositionalEncodings, check_sizes, drop_path_rates, nlc_to_nchw,
@@ -52,24 +55,6 @@ class ViTPatchEmbed(PatchEmbed):
         else:
             x = conv(pad_to_multiple(x, stride))
         return x.flatten(2).transpose(1, 2), (x.shape[2], x.shape[3])
-
-
-class ViTSoftmaxAttention(MultiheadAttention):
-    """mmpretrain's ``MultiheadAttention`` (its parameters and forward) whose attention
-    product is :func:`~polaformer_mm.models.utils.softmax_attention`: the same
-    ``F.scaled_dot_product_attention`` in eager runs, and under a graph capture the same
-    maths in the operators of every ONNX opset (the SDPA operator exports from opset 14
-    only). Takes mmpretrain's arguments."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        if kwargs.get('qk_scale') is not None:
-            raise ValueError('ViTSoftmaxAttention takes no qk_scale (the scale is '
-                             'head_dims ** -0.5)')
-        self.scaled_dot_product_attention = self._attend
-
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.) -> Tensor:
-        return softmax_attention(q, k, v, self.head_dims, dropout_p, dropout_p > 0)
 
 
 class PolaViTAttention(PolaLinearAttention):
@@ -116,9 +101,9 @@ class PolaViTAttention(PolaLinearAttention):
                 hw_shape: Sequence[int],
                 pos_encoding: Optional[Tensor] = None) -> Tensor:
         """Attend (see the class docstring); ``pos_encoding``: ``P`` already on the
-        patch grid (1, H*W, C), or None to resize it here."""
-        if onnx_export():
-            return self.forward_channels_first(x, hw_shape, pos_encoding)
+        patch grid (1, H*W, C), or None to resize it here. An export inside
+        :func:`~polaformer_mm.utils.graph_forms.graph_forms` records
+        :meth:`forward_channels_first` instead, the same result."""
         self._check_tokens(x, hw_shape)
         (q, k, v, g, eps, _), scale = self._project(
             x[:, 1:], hw_shape, pos_encoding=pos_encoding, divide=False)
@@ -183,60 +168,117 @@ class PolaViTAttention(PolaLinearAttention):
         return self._output_tokens(torch.cat([out_cls, out], dim=2) * g)
 
 
+register_graph_form(PolaViTAttention, PolaViTAttention.forward_channels_first)
+
+
 class ViTBlock(TransformerEncoderLayer):
-    """mmpretrain's ``TransformerEncoderLayer`` (``ln1``, ``attn``, ``ln2``, ``ffn``)
-    with the attention of ``attn_type``: 'S' mmpretrain's ``MultiheadAttention``
-    (:class:`ViTSoftmaxAttention`: the same parameters and results), 'L'
-    :class:`PolaViTAttention` with stochastic depth on its branch. Every other module
-    is mmpretrain's, whatever the attention.
+    """An 'S' block: mmpretrain's ``TransformerEncoderLayer`` as it builds itself (``ln1``,
+    its ``MultiheadAttention`` as ``attn``, ``ln2``, ``ffn``), called with the arguments of
+    the 'L' blocks (:class:`PolaViTBlock`), which it does not need.
 
     Args:
-        attn_type (str): 'L' or 'S'.
-        pos_grid (Sequence[int]): The patch grid of the 'L' positional encoding.
-        alpha (float): Pola exponent ``1 + alpha * sigmoid(power)``.
-        kernel_size (int): Pola depthwise-conv kernel (odd).
         **kwargs: ``TransformerEncoderLayer``'s arguments (``embed_dims``,
             ``num_heads``, ``feedforward_channels``, ``drop_rate``,
             ``attn_drop_rate``, ``drop_path_rate``, ``qkv_bias``, ``norm_cfg``).
 
-    Inputs: tokens (B, 1 + H*W, C), the grid (H, W), and optionally the 'L' block's
-    ``P`` on that grid. Output: tokens (B, 1 + H*W, C).
+    Inputs: tokens (B, 1 + H*W, C), and the grid (H, W) and a positional encoding that
+    it takes no notice of. Output: tokens (B, 1 + H*W, C). An export inside
+    :func:`~polaformer_mm.utils.graph_forms.graph_forms` records
+    :func:`vit_block_graph_form`, the same maths in the operators of ONNX opset 11.
     """
+    attn_type = 'S'
 
-    def __init__(self, attn_type: str, pos_grid: Sequence[int], alpha: float, kernel_size: int,
-                 **kwargs):
-        super().__init__(**kwargs)
-        self.attn_type = attn_type
-        embed_dims, num_heads = kwargs['embed_dims'], kwargs['num_heads']
-        drop_path_rate = kwargs.get('drop_path_rate', 0.)
-        if attn_type == 'S':
-            self.attn = ViTSoftmaxAttention(
-                embed_dims=embed_dims,
-                num_heads=num_heads,
-                attn_drop=kwargs.get('attn_drop_rate', 0.),
-                proj_drop=kwargs.get('drop_rate', 0.),
-                dropout_layer=dict(type='DropPath', drop_prob=drop_path_rate),
-                qkv_bias=kwargs.get('qkv_bias', True))
-        elif attn_type == 'L':
-            self.attn = PolaViTAttention(
-                embed_dims,
-                num_heads,
-                pos_grid,
-                kernel_size=kernel_size,
-                alpha=alpha,
-                qkv_bias=kwargs.get('qkv_bias', True),
-                proj_drop=kwargs.get('drop_rate', 0.))
-            self.drop_path = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
-        else:
-            raise ValueError(f"attn_type must be 'L' or 'S', got {attn_type!r}")
+    def forward(self,
+                x: Tensor,
+                hw_shape: Optional[Sequence[int]] = None,
+                pos_encoding: Optional[Tensor] = None) -> Tensor:
+        """mmpretrain's forward of the tokens ``x``."""
+        return super().forward(x)
+
+
+@register_graph_form(ViTBlock)
+def vit_block_graph_form(block: ViTBlock,
+                         x: Tensor,
+                         hw_shape: Optional[Sequence[int]] = None,
+                         pos_encoding: Optional[Tensor] = None) -> Tensor:
+    """The graph form of an 'S' block (:mod:`polaformer_mm.utils.graph_forms`): the
+    block's own modules, its attention product by
+    :func:`~polaformer_mm.models.utils.softmax_attention` (which a graph records in
+    operators of every ONNX opset, where ``F.scaled_dot_product_attention``, which
+    mmpretrain's ``MultiheadAttention`` calls, exports from opset 14 only)."""
+    attn = block.attn
+    tokens = block.ln1(x)
+    B, N, _ = tokens.shape
+    qkv = attn.qkv(tokens).reshape(B, N, 3, attn.num_heads, attn.head_dims).permute(2, 0, 3, 1, 4)
+    out = softmax_attention(qkv[0], qkv[1], qkv[2], attn.head_dims,
+                            attn.attn_drop if attn.training else 0., attn.training)
+    out = attn.proj(out.transpose(1, 2).reshape(B, N, attn.embed_dims))
+    out = attn.out_drop(attn.gamma1(attn.proj_drop(out)))
+    if attn.v_shortcut:
+        out = qkv[2].squeeze(1) + out
+    x = x + out
+    return block.ffn(block.ln2(x), identity=x)
+
+
+class PolaViTBlock(BaseModule):
+    """An 'L' block: mmpretrain's ``TransformerEncoderLayer`` with
+    :class:`PolaViTAttention` in place of its attention, built of the same upstream parts
+    (mmpretrain's norm ``ln1`` / ``ln2``, mmcv's ``FFN`` as mmpretrain configures it) and
+    the same state-dict keys, with stochastic depth on the attention branch.
+
+    Args:
+        embed_dims (int): Channels C.
+        num_heads (int): Heads.
+        feedforward_channels (int): Hidden channels of the FFN.
+        pos_grid (Sequence[int]): The patch grid of the positional encoding ``P``.
+        alpha (float): Pola exponent ``1 + alpha * sigmoid(power)``.
+        kernel_size (int): Pola depthwise-conv kernel (odd).
+        drop_rate (float): Dropout after the projections. Default: 0.
+        drop_path_rate (float): Stochastic depth of both branches. Default: 0.
+        qkv_bias (bool): Bias of the ``qkvg`` projection. Default: True.
+        norm_cfg (dict): Norms. Default: ``dict(type='LN')``.
+
+    Inputs: tokens (B, 1 + H*W, C), the grid (H, W), and optionally ``P`` resized to that
+    grid. Output: tokens (B, 1 + H*W, C).
+    """
+    attn_type = 'L'
+
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 feedforward_channels: int,
+                 pos_grid: Sequence[int],
+                 alpha: float,
+                 kernel_size: int,
+                 drop_rate: float = 0.,
+                 drop_path_rate: float = 0.,
+                 qkv_bias: bool = True,
+                 norm_cfg: dict = dict(type='LN')):
+        super().__init__()
+        self.ln1 = build_norm_layer(norm_cfg, embed_dims)
+        self.attn = PolaViTAttention(
+            embed_dims,
+            num_heads,
+            pos_grid,
+            kernel_size=kernel_size,
+            alpha=alpha,
+            qkv_bias=qkv_bias,
+            proj_drop=drop_rate)
+        self.drop_path = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
+        self.ln2 = build_norm_layer(norm_cfg, embed_dims)
+        self.ffn = FFN(
+            embed_dims=embed_dims,
+            feedforward_channels=feedforward_channels,
+            num_fcs=2,
+            ffn_drop=drop_rate,
+            dropout_layer=dict(type='DropPath', drop_prob=drop_path_rate),
+            act_cfg=dict(type='GELU'))
 
     def forward(self,
                 x: Tensor,
                 hw_shape: Sequence[int],
                 pos_encoding: Optional[Tensor] = None) -> Tensor:
         """The block on the tokens ``x`` (see the class docstring)."""
-        if self.attn_type == 'S':
-            return super().forward(x)
         x = x + self.drop_path(self.attn(self.ln1(x), hw_shape, pos_encoding))
         return self.ffn(self.ln2(x), identity=x)
 
@@ -268,9 +310,15 @@ class PolaViT(PolaBackboneBase):
             'deit-s', 'deit-b', and 't', 's', 'b'; mmpretrain's DeiT sizes), or a dict
             with mmpretrain's ``embed_dims``, ``num_layers``, ``num_heads`` and
             ``feedforward_channels``. Default: 'deit-small'.
-        img_size (int | tuple): Input size the position embedding (and the Pola
-            positional encodings) are learned at; at other sizes they are resized.
-            Default: 224.
+        img_size (int | tuple, optional): Sized the position embedding and the Pola
+            positional encodings in former versions; sizes nothing now (the model runs
+            at any input size): a value other than ``pretrain_img_size`` is warned about.
+            Default: None.
+        pretrain_img_size (int | tuple): Input size the position embedding and the
+            Pola positional encodings ``P`` are learned at: they lie on its patch grid
+            (14x14 for 224), whatever the input size, and are resized (bicubic, or
+            ``interpolate_mode`` for the position embedding) to the input's grid at run
+            time, so that the parameters do not depend on the input size. Default: 224.
         patch_size (int): Patch size. Default: 16.
         in_channels (int): Image channels. Default: 3.
         out_indices (int | Sequence[int]): Blocks whose outputs are returned, as
@@ -304,8 +352,9 @@ class PolaViT(PolaBackboneBase):
             ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)``.
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=...,
             prefix=...)`` loads weights strictly (a position embedding or positional
-            encoding learned on another square grid is resized); None uses DeiT's
-            initialisation. Default: None.
+            encoding learned on another square grid is resized to the grid of
+            ``pretrain_img_size``, which is logged with the keys and both grids); None
+            uses DeiT's initialisation. Default: None.
 
     Input: images (B, in_channels, H, W), any H and W. Output: a tuple with one map (or
     ``[map, class token]``) per ``out_indices`` entry.
@@ -326,7 +375,8 @@ class PolaViT(PolaBackboneBase):
 
     def __init__(self,
                  arch: Union[str, dict] = 'deit-small',
-                 img_size: Union[int, Sequence[int]] = 224,
+                 img_size: Union[int, Sequence[int], None] = None,
+                 pretrain_img_size: Union[int, Sequence[int]] = 224,
                  patch_size: int = 16,
                  in_channels: int = 3,
                  out_indices: Union[int, Sequence[int]] = -1,
@@ -353,40 +403,47 @@ class PolaViT(PolaBackboneBase):
                            self._block_indices(out_indices, num_layers), frozen_stages, norm_eval,
                            with_cp)
         self._check_vit_args(
-            img_size, patch_size, in_channels, interpolate_mode,
+            pretrain_img_size, img_size, patch_size, in_channels, interpolate_mode,
             dict(drop_rate=drop_rate, attn_drop_rate=attn_drop_rate, drop_path_rate=drop_path_rate))
         self.interpolate_mode = interpolate_mode
+        self.pretrain_img_size = to_2tuple(pretrain_img_size)
         self.final_norm = bool(final_norm)
         self.output_cls_token = bool(output_cls_token)
         self.num_features = [embed_dims] * num_layers
 
         self.patch_embed = ViTPatchEmbed(
             in_channels=in_channels,
-            input_size=to_2tuple(img_size),
+            input_size=to_2tuple(pretrain_img_size),
             embed_dims=embed_dims,
             conv_type='Conv2d',
             kernel_size=patch_size,
             stride=patch_size)
+        # the grid of the position embedding and of every P: that of pretrain_img_size,
+        # whatever the input size (resized to the input's grid at run time)
         self.patch_resolution = tuple(self.patch_embed.init_out_size)
+        if img_size is not None:
+            self._warn_img_size(to_2tuple(img_size), to_2tuple(pretrain_img_size), patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dims))
         self.pos_embed = nn.Parameter(
             torch.zeros(1, 1 + math.prod(self.patch_resolution), embed_dims))
         self.drop_after_pos = nn.Dropout(p=drop_rate)
         dpr = drop_path_rates(drop_path_rate, [num_layers])[0]
+        block_args = dict(
+            embed_dims=embed_dims,
+            num_heads=self.arch['num_heads'],
+            feedforward_channels=self.arch['feedforward_channels'],
+            drop_rate=drop_rate,
+            qkv_bias=qkv_bias,
+            norm_cfg=norm_cfg)
         self.layers = nn.ModuleList(
-            ViTBlock(
-                self.attn_types[j],
-                self.patch_resolution,
-                alpha,
-                kernel_size,
-                embed_dims=embed_dims,
-                num_heads=self.arch['num_heads'],
-                feedforward_channels=self.arch['feedforward_channels'],
-                drop_rate=drop_rate,
-                attn_drop_rate=attn_drop_rate,
+            PolaViTBlock(
+                pos_grid=self.patch_resolution,
+                alpha=alpha,
+                kernel_size=kernel_size,
                 drop_path_rate=dpr[j],
-                qkv_bias=qkv_bias,
-                norm_cfg=norm_cfg) for j in range(num_layers))
+                **block_args) if self.attn_types[j] ==
+            'L' else ViTBlock(attn_drop_rate=attn_drop_rate, drop_path_rate=dpr[j], **block_args)
+            for j in range(num_layers))
         if self.final_norm:
             self.ln1 = build_norm_layer(norm_cfg, embed_dims)
         self._pos_encodings = StagePositionalEncodings()
@@ -442,9 +499,11 @@ class PolaViT(PolaBackboneBase):
         return [i + num_layers if is_int(i) and i < 0 else i for i in indices]
 
     @staticmethod
-    def _check_vit_args(img_size, patch_size, in_channels, interpolate_mode,
+    def _check_vit_args(pretrain_img_size, img_size, patch_size, in_channels, interpolate_mode,
                         drop_rates: Dict[str, float]) -> None:
-        for s in to_2tuple(img_size):
+        for s in to_2tuple(pretrain_img_size):
+            check_positive_int('pretrain_img_size', s)
+        for s in () if img_size is None else to_2tuple(img_size):
             check_positive_int('img_size', s)
         check_positive_int('patch_size', patch_size)
         check_positive_int('in_channels', in_channels)
@@ -453,6 +512,24 @@ class PolaViT(PolaBackboneBase):
                              f'{interpolate_mode!r}')
         for name, rate in drop_rates.items():
             check_probability(name, rate)
+
+    @staticmethod
+    def _warn_img_size(img_size: Tuple[int, int], pretrain_img_size: Tuple[int, int],
+                       patch_size: int) -> None:
+        """A warning where ``img_size`` would once have set other grids than
+        ``pretrain_img_size`` sets now."""
+        if img_size == pretrain_img_size:
+            return
+        old = 'x'.join(str(math.ceil(s / patch_size)) for s in img_size)
+        new = 'x'.join(str(math.ceil(s / patch_size)) for s in pretrain_img_size)
+        warnings.warn(
+            f'PolaViT: img_size={img_size} no longer sizes the position embedding or the '
+            f'positional encodings P: they are learned on the {new} patch grid of '
+            f'pretrain_img_size={pretrain_img_size} and resized to the input\'s grid at run '
+            f'time. Set pretrain_img_size={img_size} for the {old} grid of the former layout '
+            '(a file learned on it then loads as it is), or leave img_size out.',
+            UserWarning,
+            stacklevel=3)
 
     def forward(self, x: Tensor) -> Tuple[Union[Tensor, List[Tensor]], ...]:
         """Images (B, C, H, W) -> the outputs of the ``out_indices`` blocks (see the
@@ -514,14 +591,18 @@ class PolaViT(PolaBackboneBase):
 
     def _fit_grids(self, state_dict: Dict[str, Tensor]) -> Dict[str, Tensor]:
         """Resize a ``pos_embed`` and 'L' ``positional_encoding`` learned on another
-        square grid to this model's (``interpolate_mode`` / bicubic, as at run time);
-        other tensors, and those whose size is no square grid, as they are (a shape
-        mismatch is then named by the loader)."""
+        square grid to this model's, that of ``pretrain_img_size`` (``interpolate_mode`` /
+        bicubic, as at run time), and log what was resized: the keys and both grids, as a
+        warning where a file's grid is larger than the model's (a file of the former
+        layout, whose grid followed ``img_size``; ``pretrain_img_size`` set to the file's
+        size loads it as it is). Other tensors, and those whose size is no square grid, as
+        they are (a shape mismatch is then named by the loader)."""
         targets = {'pos_embed': (self.pos_embed, 1, self.interpolate_mode)}
         for j, block in enumerate(self.layers):
             if isinstance(block.attn, PolaLinearAttention):
                 targets[f'layers.{j}.attn.positional_encoding'] = (block.attn.positional_encoding,
                                                                    0, 'bicubic')
+        resized: Dict[int, List[str]] = {}
         for key, (own, extra, mode) in targets.items():
             value = state_dict.get(key)
             if (value is None or value.dim() != 3 or value.shape == own.shape
@@ -534,7 +615,34 @@ class PolaViT(PolaBackboneBase):
                 grid = resize_token_grid(value[:, extra:].float(), (side, side),
                                          self.patch_resolution, mode).to(value.dtype)
                 state_dict[key] = torch.cat([value[:, :extra], grid], dim=1)
-            MMLogger.get_current_instance().info(
-                f'PolaViT: resized {key} from a {side}x{side} grid to '
-                f'{self.patch_resolution[0]}x{self.patch_resolution[1]}')
+            resized.setdefault(side, []).append(key)
+        H, W = self.patch_resolution
+        patch = self.patch_embed.projection.stride[0]
+        size = 'x'.join(map(str, self.pretrain_img_size))
+        for side, keys in resized.items():
+            larger = side * side > H * W
+            MMLogger.get_current_instance().log(
+                logging.WARNING if larger else logging.INFO,
+                f'PolaViT: resized {_key_list(keys)} from the file\'s {side}x{side} grid to '
+                f'this model\'s {H}x{W} (pretrain_img_size {size}, patch {patch})' +
+                (f'; the file holds more positions than the model keeps: '
+                 f'build it with pretrain_img_size={side * patch} to load them '
+                 'as they are' if larger else ''))
         return state_dict
+
+
+def _key_list(keys: Sequence[str]) -> str:
+    """Keys for a message: the block keys of one name as ``layers.{0,1,2}.rest``."""
+    blocks: Dict[str, List[str]] = {}
+    plain = []
+    for key in keys:
+        parts = key.split('.', 2)
+        if len(parts) == 3 and parts[0] == 'layers' and parts[1].isdigit():
+            blocks.setdefault(parts[2], []).append(parts[1])
+        else:
+            plain.append(key)
+    plain += [
+        f'layers.{{{",".join(j)}}}.{rest}' if len(j) > 1 else f'layers.{j[0]}.{rest}'
+        for rest, j in blocks.items()
+    ]
+    return ', '.join(plain)
