@@ -6,8 +6,9 @@ it received or computed. From a site come the attention rows of chosen queries, 
 the key grid (:meth:`Site.maps`) and as row entropies (:meth:`Site.entropies`).
 
 * :class:`PolaSite`: a :class:`~polaformer_mm.models.attention.PolaLinearAttention` of a
-  PolaPVT / PolaSwin / PolaPVTv2 block (:class:`PolaViTSite`: a PolaViT block, the class
-  key included). ``PolaLinearAttention.project`` turns its recorded inputs into
+  block of a Pola backbone, found by the names its family declares
+  (``BackboneFamily.attention_names``). ``PolaLinearAttention.project`` turns its recorded
+  inputs into
   the queries and keys the module uses; the weights of the queries that are needed come
   from :func:`polaformer_mm.ops.pola_attention_weights` (float64), O(n) per query, without
   an N x n matrix. Two streams: same-signed and opposite-signed.
@@ -20,21 +21,19 @@ the key grid (:meth:`Site.maps`) and as row entropies (:meth:`Site.entropies`).
 """
 import inspect
 import math
-import re
 from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 import torch.nn as nn
 
-from ..models.attention import PolaLinearAttention, linear_parts, split_heads
-from ..models.backbones.pola_swin import SwinBlock as PolaSwinBlock
-from ..models.backbones.pola_vit import PolaViTAttention
+from ..models.attention import PolaLinearAttention
+from ..models.family import family_of
 from ..models.window_geometry import window_shift
 from ..ops import attention_entropy, pola_attention_weights, pola_exponent
 
 __all__ = [
-    'STREAMS', 'Rows', 'Site', 'PolaSite', 'PolaViTSite', 'SoftmaxSRASite', 'SoftmaxWindowSite',
+    'STREAMS', 'Rows', 'Site', 'PolaSite', 'SoftmaxSRASite', 'SoftmaxWindowSite',
     'collect_pola_sites', 'collect_softmax_sites', 'grid_stride', 'settle_strides', 'point_cells',
     'sample_cells'
 ]
@@ -178,7 +177,10 @@ def _chunks(n: int, size: int = QUERY_CHUNK) -> Iterator[np.ndarray]:
 
 
 class PolaSite(Site):
-    """A :class:`PolaLinearAttention` module in a PolaPVT / PolaSwin block."""
+    """A :class:`PolaLinearAttention` module in a block of a Pola backbone. A module whose
+    ``project`` puts keys that lie on no grid cell first (its ``off_grid_keys``, e.g. a
+    class token's key) has their weight in the ``'<stream>_off_map'`` of :meth:`~Site.maps`;
+    such keys count in the row's support."""
     streams = STREAMS
 
     def __init__(self, name: str, stage: int, block: int, attn: PolaLinearAttention,
@@ -189,7 +191,7 @@ class PolaSite(Site):
         self.alpha = attn.alpha
         self.stage_hw = tuple(int(s) for s in block_call[0][1])
         self._projected = None
-        if isinstance(parent, PolaSwinBlock) and parent.window_size is not None:
+        if getattr(parent, 'window_size', None) is not None and hasattr(parent, 'shifted'):
             ws = parent.window_size
             self.window = (ws, window_shift(self.stage_hw, ws, parent.shifted))
             self.key_hw = self.stage_hw
@@ -203,10 +205,32 @@ class PolaSite(Site):
         p = pola_exponent(self.attn.power.detach().double(), self.alpha)
         return p[0, :, 0].cpu().numpy()
 
+    @property
+    def off_grid(self) -> int:
+        """How many keys, first among the module's keys, lie on no grid cell."""
+        return int(getattr(self.attn, 'off_grid_keys', 0))
+
+    def _grid_keys(self) -> Tuple[np.ndarray, np.ndarray]:
+        key_pos, valid = super()._grid_keys()
+        if not self.off_grid:
+            return key_pos, valid
+        return (np.concatenate([np.zeros((self.off_grid, 2), dtype=key_pos.dtype), key_pos]),
+                np.concatenate([np.zeros(self.off_grid, dtype=bool), valid]))
+
+    def _support(self, valid: np.ndarray) -> int:
+        return int(valid.sum()) + self.off_grid  # keys off the grid are keys too
+
+    def describe(self) -> dict:
+        """The layout (see :meth:`Site.describe`) and the keys off the grid, if any."""
+        info = super().describe()
+        if self.off_grid:
+            info['off_grid_keys'] = (f'{self.off_grid} key(s) off the grid (their weight: '
+                                     '<stream>_off_map)')
+        return info
+
     def _call_arguments(self) -> dict:
-        """The recorded call as keyword arguments of ``forward`` (PolaPVTv2 and PolaViT
-        blocks pass the positional encoding of the stage, PolaSwin blocks a padding
-        mask)."""
+        """The recorded call as keyword arguments of ``forward`` (some blocks pass the
+        positional encoding of the stage, windowed ones a padding mask)."""
         args, kwargs = self.call
         bound = inspect.signature(self.attn.forward).bind(*args, **kwargs)
         return dict(bound.arguments)
@@ -265,38 +289,6 @@ class PolaSite(Site):
                     dict(
                         same_signed=w_sim[0].transpose(0, 1),
                         opposite_signed=w_opp[0].transpose(0, 1)), key_pos, valid)
-
-
-class PolaViTSite(PolaSite):
-    """A :class:`~polaformer_mm.models.backbones.pola_vit.PolaViTAttention` of a PolaViT
-    block: the patch queries attend to the class token's key and the patch keys (the
-    class key first, without positional encoding, divided by ``softplus(scale)`` as the
-    op divides every key). The class key lies on no grid cell: its weight is the
-    ``'<stream>_off_map'`` of :meth:`~Site.maps`; the class query (a softmax) is not a
-    site query."""
-
-    def _project_call(self):
-        call = self._call_arguments()
-        x = call.pop('x')
-        attn = self.attn
-        (q, k, v, g, eps, key_hw), scale = attn._project(x[:, 1:], divide=True, **call)
-        k_cls = linear_parts(attn.qkvg, x[:, :1], 4)[1]
-        k_cls = split_heads(k_cls, attn.num_heads, attn.head_dims) / scale
-        return q, torch.cat([k_cls, k], dim=2), v, g, eps, key_hw
-
-    def _grid_keys(self) -> Tuple[np.ndarray, np.ndarray]:
-        key_pos, valid = super()._grid_keys()
-        return (np.concatenate([np.zeros((1, 2), dtype=key_pos.dtype),
-                                key_pos]), np.concatenate([np.zeros(1, dtype=bool), valid]))
-
-    def _support(self, valid: np.ndarray) -> int:
-        return len(valid)  # the class key is a key too
-
-    def describe(self) -> dict:
-        """The layout (see :meth:`Site.describe`) and the class key."""
-        info = super().describe()
-        info['class_key'] = 'one key off the grid (its weight: <stream>_off_map)'
-        return info
 
 
 class SoftmaxSRASite(Site):
@@ -367,12 +359,6 @@ class SoftmaxWindowSite(Site):
         return len(valid)  # padded keys are not masked in the softmax window
 
 
-# PolaPVT / PolaSwin: layers.<i>.blocks.<j>; PolaPVTv2 (mmdet's layout): layers.<i>.1.<j>
-_POLA_NAME = re.compile(r'(?:^|\.)(?:layers|stages)\.(\d+)\.(?:blocks|1)\.(\d+)\.attn$')
-# PolaViT (mmpretrain's layout): layers.<j>, one stage
-_VIT_NAME = re.compile(r'(?:^|\.)layers\.(\d+)\.attn$')
-
-
 class _Recorder:
     """Forward hooks that keep the inputs (pre) or outputs (out) of modules, and the
     order of the first call of each."""
@@ -407,29 +393,28 @@ class _Recorder:
 def collect_pola_sites(backbone: nn.Module, inputs: torch.Tensor) -> List[PolaSite]:
     """Every :class:`PolaLinearAttention` of the backbone with the inputs it received
     in one forward pass over ``inputs``, in stage / block order."""
+    family = family_of(backbone)
     found = []
     for name, module in backbone.named_modules():
         if isinstance(module, PolaLinearAttention):
-            match = _POLA_NAME.search(name)
-            vit = isinstance(module, PolaViTAttention)
-            if vit:
-                match = _VIT_NAME.search(name)
-            if match is None:
-                raise ValueError(f'{name}: a Pola attention module outside the layouts of '
-                                 'PolaPVT / PolaSwin (layers.<i>.blocks.<j>, '
-                                 'stages.<i>.blocks.<j>), PolaPVTv2 (layers.<i>.1.<j>) and '
-                                 'PolaViT (layers.<j>)')
-            stage, block = (0, int(match[1])) if vit else (int(match[1]), int(match[2]))
+            site = None if family is None else family.attention_site(name)
+            if site is None:
+                raise ValueError(
+                    f'{name}: a Pola attention module outside the attention names of the '
+                    f'{type(backbone).__name__} backbone\'s family '
+                    f'({getattr(family, "attention_names", None)!r}; '
+                    'BackboneFamily.attention_names)')
             parent = backbone.get_submodule(name.rsplit('.', 1)[0])
-            found.append((name, stage, block, module, parent))
+            found.append((name, site[0], site[1], module, parent))
     recorder = _Recorder()
     for name, _, _, module, parent in found:
         recorder.pre(module, name)
         recorder.pre(parent, name + '/block')
     recorder.run(backbone, inputs)
-    sites = [(PolaViTSite if isinstance(module, PolaViTAttention) else PolaSite)(
-        name, stage, block, module, parent, recorder.calls[name], recorder.calls[name + '/block'])
-             for name, stage, block, module, parent in found]
+    sites = [
+        PolaSite(name, stage, block, module, parent, recorder.calls[name],
+                 recorder.calls[name + '/block']) for name, stage, block, module, parent in found
+    ]
     settle_strides(sites, inputs.shape[-2:])
     return sorted(sites, key=lambda s: (s.stage, s.block))
 

@@ -1,10 +1,10 @@
 """Time and peak memory of backbones side by side: the measurement behind
 ``tools/analysis_tools/benchmark_backbone.py`` (docs/user_guides/analysis_tools.md).
 
-* Backbones: :data:`NAMED` (``pola-pvt-{t,s,m,l}``, ``pvt-{t,s,m,l}``, ``pola-swin-{t,s,b}``,
-  ``swin-{t,s,b}``: the backbones of the repository's configs) or the ``model.backbone`` of
-  config files, as *specs* (:func:`backbone_specs`), with constructor overrides
-  (:func:`apply_overrides`).
+* Backbones: :func:`named_backbones` (``NAMED``: every registered family's, e.g.
+  ``pola-pvt-t`` beside ``pvt-t``: the backbones of the repository's configs,
+  ``BackboneFamily.benchmark``) or the ``model.backbone`` of config files, as *specs*
+  (:func:`backbone_specs`), with constructor overrides (:func:`apply_overrides`).
 * A measurement (:func:`measure`) runs ``warmup`` untimed steps, then ``repeat`` timed ones
   and reports their median, with the peak memory of :mod:`polaformer_mm.analysis.memory`.
   ``forward`` is an inference forward (eval mode, no autograd); ``train`` one training step of
@@ -37,18 +37,17 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..models.backbones.pola_pvt import PolaPVT
-from ..models.backbones.pola_pvtv2 import PolaPVTv2
-from ..models.backbones.pola_swin import PolaSwin
-from ..models.backbones.pola_vit import PolaViT
+from ..models.backbones.pola_pvtv2 import PolaPVTv2  # PENDING
+from ..models.backbones.pola_vit import PolaViT  # PENDING
+from ..models.family import families
 from .memory import CpuMemory, CudaMemory, is_out_of_memory, limit_resident_memory, memory_note
 
 __all__ = [
-    'MODES', 'PRECISIONS', 'NAMED', 'BenchmarkError', 'parse_size', 'parse_value', 'parse_override',
-    'machine_memory_gib', 'check_memory_limit', 'clean_backbone_cfg', 'backbone_specs',
-    'backbone_class', 'apply_overrides', 'build_backbone', 'measure', 'run_one', 'run_isolated',
-    'worker_main', 'jobs_for', 'run_all', 'baseline_of', 'compute_ratios', 'exit_code',
-    'environment', 'benchmark_data'
+    'MODES', 'PRECISIONS', 'named_backbones', 'BenchmarkError', 'parse_size', 'parse_value',
+    'parse_override', 'machine_memory_gib', 'check_memory_limit', 'clean_backbone_cfg',
+    'backbone_specs', 'backbone_class', 'apply_overrides', 'build_backbone', 'measure', 'run_one',
+    'run_isolated', 'worker_main', 'jobs_for', 'run_all', 'baseline_of', 'compute_ratios',
+    'exit_code', 'environment', 'benchmark_data'
 ]
 
 MODES = ('forward', 'train')
@@ -56,75 +55,25 @@ PRECISIONS = {'none': None, 'fp16': torch.float16, 'bf16': torch.bfloat16}
 RESULT_PREFIX = '@@benchmark_backbone_result '
 WORKER_MODULE = 'polaformer_mm.analysis.benchmark'  # the entry point of run_isolated
 
-# the sizes of the softmax baselines are those of the Pola archs (the classes' arch_zoo)
-_PVT_ARCH = {'t': 'tiny', 's': 'small', 'm': 'medium', 'l': 'large'}
-_SWIN_ARCH = {'t': 'tiny', 's': 'small', 'b': 'base'}
-# drop path as in the repo's configs: detection 0.2 (t, s), UperNet 0.3 (b, the only
-# size with no detection config)
-_SWIN_DROP_PATH = {'t': 0.2, 's': 0.2, 'b': 0.3}
-_PVTV2_ARCH = ('b0', 'b1', 'b2')
-_DEIT_ARCH = {'s': 'deit-small', 'b': 'deit-base'}  # the sizes with UperNet configs
 
-
-def _swin_sizes(arch: str) -> dict:
-    """``embed_dims``, ``depths`` and ``num_heads`` of PolaSwin's ``arch``."""
-    return {
-        k: list(v) if isinstance(v, (list, tuple)) else v
-        for k, v in PolaSwin.arch_zoo[arch].items()
-    }
-
-
-def _named_backbones() -> Dict[str, dict]:
+def named_backbones() -> Dict[str, dict]:
     """name -> dict(scope, cfg, config): the registry scope to build in, the backbone
-    config, and the repo config (relative path) whose backbone it is."""
+    config, and the repo config (relative path) whose backbone it is; each registered
+    family's (``BackboneFamily.benchmark``: ``pola-X`` beside its softmax baseline
+    ``X``)."""
     named = {}
-    for k, arch in _PVT_ARCH.items():
-        named[f'pola-pvt-{k}'] = dict(
-            scope=None,
-            cfg=dict(
-                type='PolaPVT',
-                arch=arch,
-                attn_types='LLLL',
-                drop_path_rate=0.1,
-                out_indices=(0, 1, 2, 3)),
-            config=f'configs/pola_pvt/mask-rcnn_pola-pvt-{k}_fpn_1x_coco.py')
-        named[f'pvt-{k}'] = dict(
-            scope='mmdet',
-            cfg=dict(
-                type='PyramidVisionTransformer', num_layers=list(PolaPVT.arch_zoo[arch]['depths'])),
-            config=f'configs/pola_pvt/mask-rcnn_pvt-{k}_fpn_1x_coco.py')
-    for k, arch in _SWIN_ARCH.items():
-        config = ('configs/pola_swin/upernet_{}swin-b_8xb2-160k_ade20k-512x512.py'
-                  if k == 'b' else 'configs/pola_swin/mask-rcnn_{}swin-%s-p4-w7_fpn_1x_coco.py' % k)
-        named[f'pola-swin-{k}'] = dict(
-            scope=None,
-            cfg=dict(
-                type='PolaSwin',
-                arch=arch,
-                attn_types='LLSS',
-                window_size=7,
-                drop_path_rate=_SWIN_DROP_PATH[k],
-                out_indices=(0, 1, 2, 3)),
-            config=config.format('pola-'))
-        named[f'swin-{k}'] = dict(
-            scope='mmdet',
-            cfg=dict(
-                type='SwinTransformer',
-                **_swin_sizes(arch),
-                window_size=7,
-                mlp_ratio=4,
-                qkv_bias=True,
-                qk_scale=None,
-                drop_rate=0.,
-                attn_drop_rate=0.,
-                drop_path_rate=_SWIN_DROP_PATH[k],
-                patch_norm=True,
-                out_indices=(0, 1, 2, 3),
-                with_cp=False),
-            config=config.format(''))
-    named.update(_pvtv2_backbones())
-    named.update(_deit_backbones())
+    for family in families():
+        named.update(family.benchmark())
+    names = {family.name for family in families()}
+    if 'pvtv2' not in names:  # PENDING
+        named.update(_pvtv2_backbones())
+    if 'vit' not in names:  # PENDING
+        named.update(_deit_backbones())
     return named
+
+
+_PVTV2_ARCH = ('b0', 'b1', 'b2')  # PENDING
+_DEIT_ARCH = {'s': 'deit-small', 'b': 'deit-base'}  # PENDING
 
 
 def _pvtv2_backbones() -> Dict[str, dict]:
@@ -184,7 +133,12 @@ def _deit_backbones() -> Dict[str, dict]:
     return named
 
 
-NAMED = _named_backbones()
+def __getattr__(name: str):
+    """``NAMED``: :func:`named_backbones` at the time of the access (families registered
+    after this module's import included)."""
+    if name == 'NAMED':
+        return named_backbones()
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 
 
 class BenchmarkError(ValueError):
@@ -298,7 +252,7 @@ def backbone_specs(names: Sequence[str], configs: Sequence[str]) -> List[dict]:
     """One spec per backbone: label, scope, cfg, imports (modules to import first)."""
     specs = []
     for name in names:
-        entry = NAMED[name]
+        entry = named_backbones()[name]
         specs.append(
             dict(
                 label=name,

@@ -164,7 +164,7 @@ def describe_backbone(cfg: Config) -> str:
     for key in ('num_layers', 'depths'):
         if key in backbone:
             width = f" C={backbone.embed_dims}" if 'embed_dims' in backbone else ''
-            depth = backbone[key]  # per stage, or one int (a plain ViT's num_layers)
+            depth = backbone[key]  # per stage, or one int (a single-stage transformer)
             return f'{kind}{width} {list(depth) if isinstance(depth, (list, tuple)) else depth}'
     return kind
 

@@ -15,7 +15,6 @@ import json
 import math
 import os
 import os.path as osp
-import re
 from typing import Dict, List, Optional, Sequence
 
 from mmengine.config import Config
@@ -23,6 +22,7 @@ from mmengine.config import Config
 from polaformer_mm.analysis.flops import (backbone_key, default_shape, describe_backbone, measure,
                                           register_extra_flop_ops, scope_registry)
 from polaformer_mm.engine.entry import TEST_METRICS_FILE
+from polaformer_mm.models.family import families
 
 #: the file of a test's results that tools/test.py writes into its --work-dir
 METRICS_FILE = TEST_METRICS_FILE
@@ -57,10 +57,19 @@ DATASET_NAMES = {
     'CocoPanopticDataset': 'COCO panoptic',
     'CityscapesDataset': 'Cityscapes',
 }
-# '[pola-]<family>-<size>' in a config name (DeiT sizes carry the patch size: deit-s16)
-_ARCH = re.compile(r'(?:^|_)(pola-)?(pvtv2|pvt|swin|deit)-(b[0-5]|[tsmlb])(?:16)?(?=[-_]|$)')
-_FAMILIES = {'pvt': 'PVT', 'swin': 'Swin', 'pvtv2': 'PVTv2', 'deit': 'DeiT'}
+# the order of sizes in the table (sizes of other names after these, alphabetically)
 _SIZES = ['t', 's', 'm', 'l', 'b'] + [f'b{i}' for i in range(6)]
+
+
+def _arch_of(stem: str):
+    """(index of the family among the registered ones, family, 'pola-' or None, size) of
+    the '[pola-]<family>-<size>' word of a config name (``BackboneFamily.config_pattern``),
+    or None."""
+    for index, family in enumerate(families()):
+        m = family.config_pattern().search(stem)
+        if m:
+            return index, family, m['pola'], m['size']
+    return None
 
 
 class Run:
@@ -178,18 +187,19 @@ def group_of(cfg: Config) -> str:
     name = MODEL_NAMES.get(kind, kind)
     neck = model.get('neck')
     if isinstance(neck, dict) and str(neck.get('type', '')).split('.')[-1] == 'MultiLevelNeck':
-        name += ' + MLN'  # mmseg's ViT UperNet with its multi-level neck
+        name += ' + MLN'  # mmseg's multi-level neck (the UperNet of a plain transformer)
     dataset = str(_innermost(cfg.test_dataloader.dataset).get('type', '?')).split('.')[-1]
     return f'{name}, {DATASET_NAMES.get(dataset, dataset)}, {schedule_of(cfg)}'
 
 
 def backbone_label(run: Run) -> str:
-    """'Pola-PVT-T', 'Swin-S', 'Pola-PVTv2-B0', 'DeiT-S', ... from the config name, else
-    from the config."""
-    m = _ARCH.search(run.stem)
-    if m:
-        pola, family, size = m.groups()
-        return f"{'Pola-' if pola else ''}{_FAMILIES[family]}-{size.upper()}"
+    """'Pola-PVT-T', 'Swin-S', ... (``BackboneFamily.config_title`` and the size) from the
+    config name, else from the config."""
+    arch = _arch_of(run.stem)
+    if arch:
+        _, family, pola, size = arch
+        title = family.config_title or family.title
+        return f"{'Pola-' if pola else ''}{title}-{size.upper()}"
     return describe_backbone(run.cfg)
 
 
@@ -199,10 +209,11 @@ def is_pola(run: Run) -> bool:
 
 
 def _sort_key(run: Run):
-    m = _ARCH.search(run.stem)
-    if not m:
-        return (2, run.stem, 0)
-    return (list(_FAMILIES).index(m.group(2)), _SIZES.index(m.group(3)), run.stem)
+    arch = _arch_of(run.stem)
+    if not arch:
+        return (len(families()), len(_SIZES), run.stem)
+    index, _, _, size = arch
+    return (index, _SIZES.index(size) if size in _SIZES else len(_SIZES), run.stem)
 
 
 class FlopsCounter:

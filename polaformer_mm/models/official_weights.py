@@ -18,8 +18,9 @@ import torch
 from ..utils.checkpoint_io import (atomic_save, is_local_checkpoint, load_checkpoint,
                                    strip_ddp_prefix)
 from ..version import __version__
+from .family import families
 
-PVT_FAMILY, SWIN_FAMILY, PVTV2_FAMILY = 'pvt', 'swin', 'pvtv2'
+PVT_FAMILY, SWIN_FAMILY = 'pvt', 'swin'
 _SHOWN_BAD = 5  # non-finite tensors named in an error
 
 
@@ -192,9 +193,9 @@ def load_backbone_weights(checkpoint: str,
                           family: str,
                           prefix: Optional[str] = None) -> Dict[str, torch.Tensor]:
     """Backbone state dict from a converted file (prefix stripped; without a prefix,
-    'backbone.' is stripped when present), a bare backbone state dict, or an official
-    checkpoint (converted on the fly; for ``family='pvtv2'`` an official PVTv2 file,
-    converted by mmdet's ``pvt_convert``)."""
+    'backbone.' is stripped when present), a bare backbone state dict, an official
+    checkpoint (converted on the fly), or a release file the family reads in its own way
+    (``BackboneFamily.read_release``)."""
     if not checkpoint:
         raise ValueError("init_cfg type='Pretrained' needs a 'checkpoint' path")
     try:
@@ -207,12 +208,15 @@ def load_backbone_weights(checkpoint: str,
             "from a base config's model.pretrained (e.g. an mmseg ResNet), set "
             'pretrained=None') from err
     state_dict = extract_state_dict(obj, source=checkpoint)
-    if family == PVTV2_FAMILY and detect_official_family(state_dict) == PVT_FAMILY:
-        # an official PVTv2 file (whai362/PVT, keys patch_embed1.proj, block1.0.attn.q):
-        # mmdet's own converter gives mmdet's PyramidVisionTransformerV2 keys
+    read_release = next((f.read_release for f in families() if f.name == family), None)
+    if family == 'pvtv2' and read_release is None:  # PENDING
         from mmdet.models.backbones.pvt import pvt_convert
+        read_release = (lambda sd: dict(pvt_convert(sd))
+                        if detect_official_family(sd) == PVT_FAMILY else None)
+    released = None if read_release is None else read_release(state_dict)
+    if released is not None:
         refuse_non_finite(state_dict, checkpoint, "init_cfg type='Pretrained'")
-        return dict(pvt_convert(state_dict))
+        return released
     if detect_official_family(state_dict) is not None:
         state_dict = convert_official_state_dict(state_dict, family=family)
         prefix = 'backbone.'

@@ -21,121 +21,56 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from mmengine.config import Config, DictAction
 
 from polaformer_mm.analysis.gain_table import METRICS_FILE, make_gain_table, schedule_of
+from polaformer_mm.models.family import families
 from polaformer_mm.workflows import project_root
 
 #: the folder of ``configs/`` and ``tools/`` (the repository, or an installed package's
 #: ``.mim``)
 REPO = project_root()
 
-
-def _family(folder, pattern, archs, name=None):
-    """--arch name ('<family>-<size>', the family from the folder unless ``name``) ->
-    config."""
-    name = name or folder.split('_')[-1]
-    return {f'{name}-{a}': f'{folder}/{pattern.format(a)}' for a in archs}
-
-
-_PVTV2 = ('b0', 'b1', 'b2')
-_DEIT_UPERNET = 'upernet_pola-deit-{{}}16{}_8xb2-{}_ade20k-512x512.py'  # neck, schedule
-_CASCADE = 'cascade-mask-rcnn_{}_fpn_4conv1fc-giou_amp-ms-crop-3x_coco.py'
-
-# task -> description, whether the --tta test runs, arch -> Pola config (under configs/)
-TASKS = {
-    'mask-rcnn-1x':
-    dict(
-        desc='COCO Mask R-CNN 1x',
-        tta=False,
-        configs={
-            **_family('pola_pvt', 'mask-rcnn_pola-pvt-{}_fpn_1x_coco.py', 'tsml'),
-            **_family('pola_swin', 'mask-rcnn_pola-swin-{}-p4-w7_fpn_1x_coco.py', 'ts'),
-            **_family('pola_pvtv2', 'mask-rcnn_pola-pvtv2-{}_fpn_1x_coco.py', _PVTV2)
-        }),
-    'mask-rcnn-3x':
-    dict(
-        desc='COCO Mask R-CNN 3x (multi-scale + crop)',
-        tta=False,
-        configs=_family('pola_swin', 'mask-rcnn_pola-swin-{}-p4-w7_fpn_ms-crop-3x_coco.py', 'ts')),
-    'retinanet-1x':
-    dict(
-        desc='COCO RetinaNet 1x',
-        tta=False,
-        configs={
-            **_family('pola_pvt', 'retinanet_pola-pvt-{}_fpn_1x_coco.py', 'tsml'),
-            **_family('pola_pvtv2', 'retinanet_pola-pvtv2-{}_fpn_1x_coco.py', _PVTV2)
-        }),
-    'semantic-fpn':
-    dict(
-        desc='ADE20K Semantic FPN 80k',
-        tta=True,
-        configs={
-            **_family('pola_pvt', 'fpn_pola-pvt-{}_4xb4-80k_ade20k-512x512.py', 'tsml'),
-            **_family('pola_pvtv2', 'fpn_pola-pvtv2-{}_4xb4-80k_ade20k-512x512.py', _PVTV2)
-        }),
-    'upernet':
-    dict(
-        desc='ADE20K UperNet 160k',
-        tta=True,
-        configs={
-            **_family('pola_swin', 'upernet_pola-swin-{}_8xb2-160k_ade20k-512x512.py', 'tsb'),
-            **_family('pola_vit', _DEIT_UPERNET.format('', '160k'), 'sb', 'deit')
-        }),
-    'upernet-80k':
-    dict(
-        desc='ADE20K UperNet 80k',
-        tta=True,
-        configs=_family('pola_vit', _DEIT_UPERNET.format('', '80k'), 'sb', 'deit')),
-    'upernet-mln':
-    dict(
-        desc='ADE20K UperNet 160k with the multi-level neck (ViT)',
-        tta=True,
-        configs=_family('pola_vit', _DEIT_UPERNET.format('_mln', '160k'), 'sb', 'deit')),
-    'cascade-mask-rcnn-3x':
-    dict(
-        desc='COCO Cascade Mask R-CNN 3x (multi-scale + crop)',
-        tta=False,
-        configs={
-            **_family('pola_pvt', _CASCADE.format('pola-pvt-{}'), 'sm'),
-            **_family('pola_swin', _CASCADE.format('pola-swin-{}-p4-w7'), 'ts')
-        }),
-    'mask2former-coco':
-    dict(
-        desc='COCO Mask2Former instance segmentation',
-        tta=False,
-        configs=_family('pola_swin', 'mask2former_pola-swin-{}-p4-w7-224_8xb2-lsj-50e_coco.py',
-                        'ts')),
-    'mask2former-coco-panoptic':
-    dict(
-        desc='COCO Mask2Former panoptic segmentation',
-        tta=False,
-        configs=_family('pola_swin',
-                        'mask2former_pola-swin-{}-p4-w7-224_8xb2-lsj-50e_coco-panoptic.py', 'ts')),
-    'mask2former-ade20k':
-    dict(
-        desc='ADE20K Mask2Former 160k',
-        tta=False,
-        configs=_family('pola_swin', 'mask2former_pola-swin-{}_8xb2-160k_ade20k-512x512.py', 'ts')),
-    'mask2former-cityscapes':
-    dict(
-        desc='Cityscapes Mask2Former 90k',
-        tta=False,
-        configs=_family('pola_swin', 'mask2former_pola-swin-{}_8xb2-90k_cityscapes-512x1024.py',
-                        'ts')),
-    'semantic-fpn-cityscapes':
-    dict(
-        desc='Cityscapes Semantic FPN 80k',
-        tta=True,
-        configs=_family('pola_pvt', 'fpn_pola-pvt-{}_4xb2-80k_cityscapes-512x1024.py', 'tsml')),
-    'upernet-cityscapes':
-    dict(
-        desc='Cityscapes UperNet 80k',
-        tta=True,
-        configs=_family('pola_swin', 'upernet_pola-swin-{}_4xb2-80k_cityscapes-512x1024.py', 'ts')),
+#: task -> description and whether the --tta test runs; the configs of each task are the
+#: registered families' (``BackboneFamily.reproduce``: --arch name -> Pola config under
+#: configs/)
+_TASK_INFO = {
+    'mask-rcnn-1x': dict(desc='COCO Mask R-CNN 1x', tta=False),
+    'mask-rcnn-3x': dict(desc='COCO Mask R-CNN 3x (multi-scale + crop)', tta=False),
+    'retinanet-1x': dict(desc='COCO RetinaNet 1x', tta=False),
+    'semantic-fpn': dict(desc='ADE20K Semantic FPN 80k', tta=True),
+    'upernet': dict(desc='ADE20K UperNet 160k', tta=True),
+    'upernet-80k': dict(desc='ADE20K UperNet 80k', tta=True),
+    'upernet-mln': dict(desc='ADE20K UperNet 160k with the multi-level neck', tta=True),
+    'cascade-mask-rcnn-3x': dict(desc='COCO Cascade Mask R-CNN 3x (multi-scale + crop)', tta=False),
+    'mask2former-coco': dict(desc='COCO Mask2Former instance segmentation', tta=False),
+    'mask2former-coco-panoptic': dict(desc='COCO Mask2Former panoptic segmentation', tta=False),
+    'mask2former-ade20k': dict(desc='ADE20K Mask2Former 160k', tta=False),
+    'mask2former-cityscapes': dict(desc='Cityscapes Mask2Former 90k', tta=False),
+    'semantic-fpn-cityscapes': dict(desc='Cityscapes Semantic FPN 80k', tta=True),
+    'upernet-cityscapes': dict(desc='Cityscapes UperNet 80k', tta=True),
 }
+
+
+def tasks() -> Dict[str, dict]:
+    """task -> dict(desc, tta, configs): every task with the configs the registered families
+    give it (``BackboneFamily.reproduce``), the family order kept."""
+    table = {}
+    for task, info in _TASK_INFO.items():
+        configs = {}
+        for family in families():
+            configs.update(family.reproduce.get(task, {}))
+        table[task] = dict(info, configs=configs)
+    return table
+
+
+def __getattr__(name: str):
+    """``TASKS``: :func:`tasks` at the time of the access."""
+    if name == 'TASKS':
+        return tasks()
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 
 
 def pola_config(task: str, arch: str) -> str:
     """The Pola config of (task, arch)."""
-    return osp.join(REPO, 'configs', TASKS[task]['configs'][arch])
+    return osp.join(REPO, 'configs', tasks()[task]['configs'][arch])
 
 
 def softmax_config(pola_path: str) -> str:
@@ -303,7 +238,7 @@ class Planner:
             steps.append(
                 Step(note, argv, env, check=lambda: _require(final), needs=_local_weights(cfg)))
         tests = [('test', False)]
-        if TASKS[task]['tta']:
+        if tasks()[task]['tta']:
             tests.append(('test_tta', True))
         for sub, tta in tests:
             test_dir = osp.join(run_dir, sub)
@@ -336,7 +271,7 @@ class Planner:
         """The gain table of the task's runs that have results or are ``planned``; None
         when there are none."""
         runs = []
-        for arch in TASKS[task]['configs']:
+        for arch in tasks()[task]['configs']:
             pola = pola_config(task, arch)
             for config in (pola, softmax_config(pola)):
                 run_dir = osp.join(self.work_root, osp.splitext(osp.basename(config))[0])
@@ -349,7 +284,7 @@ class Planner:
         argv = [sys.executable, _show(osp.join(REPO, 'tools/analysis_tools/gain_table.py'))]
         argv += runs + ['--out', _show(out), '--flops-cache', _show(cache)]
         call = functools.partial(make_gain_table, runs, out=_show(out), flops_cache=_show(cache))
-        return Step(f'{TASKS[task]["desc"]}: gain table', argv, call=call)
+        return Step(f'{tasks()[task]["desc"]}: gain table', argv, call=call)
 
 
 def parse_cfg_options(strings: Sequence[str]) -> Dict:
@@ -405,7 +340,7 @@ def _has_results(run_dir: str) -> bool:
 
 def list_tasks() -> None:
     """Print the tasks, their archs, configs and cost."""
-    for task, spec in TASKS.items():
+    for task, spec in tasks().items():
         print(f'{task}: {spec["desc"]}' + (' (also tested with --tta)' if spec['tta'] else ''))
         for arch in spec['configs']:
             pola = pola_config(task, arch)
@@ -420,9 +355,9 @@ def select_jobs(task: Optional[str] = None,
     """(task, archs) pairs: every task and arch (``all_tasks``), every arch of ``task``
     (``arch='all'``) or the one (task, arch)."""
     if all_tasks:
-        return [(t, list(spec['configs'])) for t, spec in TASKS.items()]
+        return [(t, list(spec['configs'])) for t, spec in tasks().items()]
     if arch == 'all':
-        return [(task, list(TASKS[task]['configs']))]
+        return [(task, list(tasks()[task]['configs']))]
     return [(task, [arch])]
 
 
@@ -432,7 +367,7 @@ def run_jobs(planner: Planner, jobs: List[Tuple[str, List[str]]], dry_run: bool 
     for task, archs in jobs:
         planned = []
         for arch in archs:
-            print(f'# ===== {task} --arch {arch}: {TASKS[task]["desc"]}', flush=True)
+            print(f'# ===== {task} --arch {arch}: {tasks()[task]["desc"]}', flush=True)
             for step in planner.plan(task, arch):
                 if not _do(step, dry_run):
                     return 1
@@ -456,7 +391,7 @@ def _do(step: Step, dry_run: bool) -> bool:
     for path in missing:
         print(
             f'# needs {path}, which is missing (see tools/model_converters/official2mm.py; '
-            'softmax2pola.py for Pola-PVTv2 / Pola-DeiT)',
+            'softmax2pola.py for a family without official Pola weights)',
             flush=True)
     print(step.line(), flush=True)
     if dry_run:

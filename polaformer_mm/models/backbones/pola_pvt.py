@@ -1,4 +1,7 @@
-"""Pola-PVT: PVT v1 with polarity-aware linear attention, at any input size."""
+"""Pola-PVT: PVT v1 with polarity-aware linear attention, at any input size; and the PVT
+family (:data:`FAMILY`: the softmax checkpoints it warm-starts from, its baseline, its
+configs)."""
+import re
 from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
@@ -11,6 +14,9 @@ from mmengine.utils import to_2tuple
 from torch import Tensor
 
 from ..attention import PolaLinearAttention, SpatialReductionAttention
+from ..checkpoint_layouts import Builder, Converted, Layout, identity, matches, rule_target
+from ..family import BackboneFamily, config_set, register_family
+from ..official_weights import PVT_RULES
 from ..utils import (Mlp, PatchEmbed, StagePositionalEncodings, drop_path_rates, nlc_to_nchw,
                      resize_token_grid, run_blocks)
 from .base import PolaBackboneBase, check_mlp_ratios, check_stage_list
@@ -330,3 +336,143 @@ class PolaPVT(PolaBackboneBase):
             x, hw_shape = stage(x)
             yield x, hw_shape
             x = nlc_to_nchw(x, hw_shape)
+
+
+# ------------------------------------------------------------------ the PVT family
+def _pvt_official(state_dict: Dict[str, Tensor]) -> Converted:
+    """whai362/PVT (v1) keys: ``patch_embed1``, ``pos_embed1``, ``block1.0.attn.q`` ...
+    (the rules of the official PolaFormer PVT files, whose layout is PVT's); the class
+    token, the final norm and the head of the classifier are dropped, and so is the
+    class-token row of the last stage's position embedding."""
+    out = Builder()
+    stages = sorted(int(m[1]) for m in map(re.compile(r'^pos_embed(\d+)$').match, state_dict) if m)
+    for key, value in state_dict.items():
+        if key in ('cls_token', 'dist_token'):
+            out.drop(key, 'class token of the classifier')
+        elif key.startswith('head.'):
+            out.drop(key, 'classifier head')
+        elif key.startswith('norm.'):
+            out.drop(key, 'final norm of the classifier')
+        elif (len(stages) > 1 and key == f'pos_embed{stages[-1]}'
+              and value.shape[1] == state_dict[f'pos_embed{stages[-2]}'].shape[1] // 4 + 1):
+            out.put(f'layers.{stages[-1] - 1}.pos_embed', value[:, 1:], key,
+                    'class-token row dropped')
+        else:
+            _, new_key = rule_target(key, PVT_RULES)
+            out.put(new_key or key, value, key)
+    return out.result()
+
+
+_MMDET_PVT_BLOCK = [
+    ('norm1.', 'norm1.'),
+    ('norm2.', 'norm2.'),
+    ('attn.attn.out_proj.', 'attn.proj.'),
+    ('attn.sr.', 'attn.reduction.sr.'),
+    ('attn.norm.', 'attn.reduction.norm.'),
+    ('ffn.layers.0.', 'mlp.fc1.'),
+    ('ffn.layers.3.', 'mlp.fc2.'),
+]
+
+
+def _pvt_mmdet(state_dict: Dict[str, Tensor]) -> Converted:
+    """mmdet's PyramidVisionTransformer keys: ``layers.{i}.0`` patch embedding,
+    ``layers.{i}.1.0.pos_embed``, ``layers.{i}.1.{j+1}`` blocks (an
+    ``nn.MultiheadAttention`` and 1x1-conv FFN layers)."""
+    out = Builder()
+    for key, value in state_dict.items():
+        match = re.match(r'^layers\.(\d+)\.(0|1\.(\d+))\.(.+)$', key)
+        if match is None:
+            out.put(key, value, key)
+            continue
+        stage, block, rest = match[1], match[3], match[4]
+        if block is None:  # the patch embedding
+            out.put(f'layers.{stage}.patch_embed.{rest.replace("projection.", "proj.", 1)}', value,
+                    key)
+        elif block == '0' and rest == 'pos_embed':
+            out.put(f'layers.{stage}.pos_embed', value, key)
+        else:
+            prefix = f'layers.{stage}.blocks.{int(block) - 1}.'
+            _pvt_mmdet_block(out, prefix, key, rest, value)
+    return out.result()
+
+
+def _pvt_mmdet_block(out: Builder, prefix: str, key: str, rest: str, value: Tensor) -> None:
+    """One tensor of an mmdet PVT block, under the twin block ``prefix``."""
+    in_proj = re.match(r'^attn\.attn\.in_proj_(weight|bias)$', rest)
+    if in_proj:
+        dims = value.shape[0] // 3
+        out.put(f'{prefix}attn.q.{in_proj[1]}', value[:dims], key, f'rows 0:{dims}')
+        out.put(f'{prefix}attn.kv.{in_proj[1]}', value[dims:], key, f'rows {dims}:{3 * dims}')
+        return
+    for old, new in _MMDET_PVT_BLOCK:
+        if rest.startswith(old):
+            how = ''
+            if new.startswith('mlp.') and value.dim() == 4:
+                value, how = value.flatten(1), '1x1 conv weight as a linear one'
+            out.put(prefix + new + rest[len(old):], value, key, how)
+            return
+    out.put(key, value, key)
+
+
+_PVT_OWN = (r'^layers\.\d+\.patch_embed\.proj\.weight$', r'^layers\.\d+\.blocks\.\d+\.attn\.q\.')
+_PVT_V1 = (r'^patch_embed1\.proj\.weight$', r'^pos_embed1$', r'^block1\.\d+\.attn\.q\.weight$')
+_PVT_MMDET = (r'^layers\.\d+\.0\.projection\.weight$', r'^layers\.\d+\.1\.0\.pos_embed$',
+              r'^layers\.\d+\.1\.\d+\.attn\.attn\.in_proj_weight$')
+_PVT_SIZES = {'t': 'tiny', 's': 'small', 'm': 'medium', 'l': 'large'}
+
+
+def _pvt_benchmark() -> Dict[str, dict]:
+    """Pola-PVT-T/S/M/L beside mmdet's PyramidVisionTransformer of the same size, as the
+    Mask R-CNN configs build them."""
+    named = {}
+    for k, arch in _PVT_SIZES.items():
+        named[f'pola-pvt-{k}'] = dict(
+            scope=None,
+            cfg=dict(
+                type='PolaPVT',
+                arch=arch,
+                attn_types='LLLL',
+                drop_path_rate=0.1,
+                out_indices=(0, 1, 2, 3)),
+            config=f'configs/pola_pvt/mask-rcnn_pola-pvt-{k}_fpn_1x_coco.py')
+        named[f'pvt-{k}'] = dict(
+            scope='mmdet',
+            cfg=dict(
+                type='PyramidVisionTransformer', num_layers=list(PolaPVT.arch_zoo[arch]['depths'])),
+            config=f'configs/pola_pvt/mask-rcnn_pvt-{k}_fpn_1x_coco.py')
+    return named
+
+
+#: the PVT family (:mod:`polaformer_mm.models.family`)
+FAMILY = register_family(
+    BackboneFamily(
+        name='pvt',
+        title='PVT v1',
+        backbone=PolaPVT,
+        layouts=(
+            Layout('pvt', 'PolaPVT with softmax stages', lambda k: matches(k, *_PVT_OWN), identity),
+            Layout('pvt', 'the official PVT v1 release (whai362/PVT)',
+                   lambda k: matches(k, *_PVT_V1), _pvt_official),
+            Layout('pvt', "mmdet's PyramidVisionTransformer", lambda k: matches(k, *_PVT_MMDET),
+                   _pvt_mmdet),
+        ),
+        config_name='pvt',
+        config_title='PVT',
+        config_sizes='[tsml]',
+        benchmark=_pvt_benchmark,
+        reproduce={
+            'mask-rcnn-1x':
+            config_set('pola_pvt', 'mask-rcnn_pola-pvt-{}_fpn_1x_coco.py', 'tsml', 'pvt'),
+            'retinanet-1x':
+            config_set('pola_pvt', 'retinanet_pola-pvt-{}_fpn_1x_coco.py', 'tsml', 'pvt'),
+            'semantic-fpn':
+            config_set('pola_pvt', 'fpn_pola-pvt-{}_4xb4-80k_ade20k-512x512.py', 'tsml', 'pvt'),
+            'cascade-mask-rcnn-3x':
+            config_set('pola_pvt',
+                       'cascade-mask-rcnn_pola-pvt-{}_fpn_4conv1fc-giou_amp-ms-crop-3x_coco.py',
+                       'sm', 'pvt'),
+            'semantic-fpn-cityscapes':
+            config_set('pola_pvt', 'fpn_pola-pvt-{}_4xb2-80k_cityscapes-512x1024.py', 'tsml',
+                       'pvt'),
+        },
+        attention_names=r'(?:^|\.)layers\.(?P<stage>\d+)\.blocks\.(?P<block>\d+)\.attn$'))

@@ -1,4 +1,6 @@
-"""Pola-Swin: Swin v1 with polarity-aware linear attention stages, at any input size."""
+"""Pola-Swin: Swin v1 with polarity-aware linear attention stages, at any input size; and
+the Swin family (:data:`FAMILY`: the softmax checkpoints it warm-starts from, its
+baseline, its configs)."""
 import re
 from typing import Dict, Iterator, Optional, Sequence, Tuple, Union
 
@@ -11,6 +13,9 @@ from mmengine.registry import MODELS
 from torch import Tensor
 
 from ..attention import PolaLinearAttention, WindowMSA
+from ..checkpoint_layouts import Builder, Converted, Layout, identity, matches, rule_target
+from ..family import BackboneFamily, config_set, register_family
+from ..official_weights import SWIN_RULES
 from ..utils import (Mlp, PatchEmbed, StagePositionalEncodings, drop_path_rates, pad_to_multiple,
                      run_blocks, token_rows, window_layout)
 from .base import PolaBackboneBase, check_positive_int
@@ -443,3 +448,158 @@ class PolaSwin(PolaBackboneBase):
 
     def _stage_output(self, index: int, tokens: Tensor) -> Tensor:
         return getattr(self, f'norm{index}')(tokens)
+
+
+# ------------------------------------------------------------------ the Swin family
+def _swin_official(state_dict: Dict[str, Tensor]) -> Converted:
+    """microsoft/Swin-Transformer keys: ``patch_embed.proj``, ``layers.{i}.blocks.{j}``
+    (``attn.qkv``, ``mlp.fc1``), ``layers.{i}.downsample``, ``norm``, ``head`` (the
+    rules of the official PolaFormer Swin files, whose layout is Swin's)."""
+    out = Builder()
+    num_stages = 1 + max(
+        (int(m[1]) for m in map(re.compile(r'^layers\.(\d+)\.').match, state_dict) if m),
+        default=-1)
+    for key, value in state_dict.items():
+        if key.startswith('head.'):
+            out.drop(key, 'classifier head')
+        elif key.startswith('norm.'):
+            out.put(f'norm{num_stages - 1}.{key[len("norm."):]}', value, key)
+        else:
+            matched, new_key = rule_target(key, SWIN_RULES)
+            if matched and new_key is None:
+                out.drop(key, 'buffer (the model rebuilds it)')
+            else:
+                out.put(new_key or key, value, key)
+    return out.result()
+
+
+def _unfold_inverse(channels: int, kind: str) -> Tensor:
+    """The channel order that undoes mmdet's ``swin_converter`` reordering of a patch
+    merging ``kind`` ('reduction' or 'norm') of ``channels`` (4C) input channels:
+    mmdet's and mmpretrain's PatchMerging gather the 2x2 neighbourhood with
+    ``nn.Unfold``, the official one (and the twin) by concatenation."""
+    from mmdet.models.backbones.swin import swin_converter
+    index = torch.arange(channels, dtype=torch.float64)
+    key = f'layers.0.downsample.{kind}.weight'
+    moved = swin_converter({key: index[None] if kind == 'reduction' else index})
+    order = moved[f'backbone.stages.0.downsample.{kind}.weight'].reshape(-1).long()
+    return torch.argsort(order)
+
+
+def _swin_mm(state_dict: Dict[str, Tensor]) -> Converted:
+    """mmdet's / mmpretrain's SwinTransformer keys: ``patch_embed.projection``,
+    ``stages.{i}.blocks.{j}`` (``attn.w_msa.qkv``, ``ffn.layers.0.0``,
+    ``ffn.layers.1``), ``stages.{i}.downsample`` (unfold channel order),
+    ``norm{i}``."""
+    out = Builder()
+    renames = [('attn.w_msa.', 'attn.'), ('ffn.layers.0.0.', 'mlp.fc1.'),
+               ('ffn.layers.1.', 'mlp.fc2.')]
+    for key, value in state_dict.items():
+        block = re.match(r'^(stages\.\d+\.blocks\.\d+\.)(.+)$', key)
+        merge = re.match(r'^stages\.\d+\.downsample\.(reduction|norm)\.(weight|bias)$', key)
+        if key.endswith('relative_position_index'):
+            out.drop(key, 'buffer (the model rebuilds it)')
+        elif key.startswith('patch_embed.projection.'):
+            out.put(key.replace('projection.', 'proj.', 1), value, key)
+        elif block:
+            rest = block[2]
+            for old, new in renames:
+                if rest.startswith(old):
+                    rest = new + rest[len(old):]
+                    break
+            out.put(block[1] + rest, value, key)
+        elif merge:
+            order = _unfold_inverse(value.shape[-1], merge[1])
+            out.put(key, value[..., order], key,
+                    'input channels from the unfold order to the official one')
+        else:
+            out.put(key, value, key)
+    return out.result()
+
+
+_SWIN_OWN = (r'^patch_embed\.proj\.weight$', r'^stages\.\d+\.blocks\.\d+\.attn\.qkv\.weight$')
+_SWIN_OFFICIAL = (r'^patch_embed\.proj\.weight$', r'^layers\.\d+\.blocks\.\d+\.attn\.qkv\.weight$')
+_SWIN_MM = (r'^patch_embed\.projection\.weight$',
+            r'^stages\.\d+\.blocks\.\d+\.attn\.w_msa\.qkv\.weight$')
+_SWIN_SIZES = {'t': 'tiny', 's': 'small', 'b': 'base'}
+# drop path as in the repo's configs: detection 0.2 (t, s), UperNet 0.3 (b, the only
+# size with no detection config)
+_SWIN_DROP_PATH = {'t': 0.2, 's': 0.2, 'b': 0.3}
+
+
+def _swin_benchmark() -> Dict[str, dict]:
+    """Pola-Swin-T/S/B beside mmdet's SwinTransformer of the same size, as the Mask R-CNN
+    (T, S) and UperNet (B) configs build them."""
+    named = {}
+    for k, arch in _SWIN_SIZES.items():
+        config = ('configs/pola_swin/upernet_{}swin-b_8xb2-160k_ade20k-512x512.py'
+                  if k == 'b' else 'configs/pola_swin/mask-rcnn_{}swin-%s-p4-w7_fpn_1x_coco.py' % k)
+        common = dict(window_size=7, drop_path_rate=_SWIN_DROP_PATH[k], out_indices=(0, 1, 2, 3))
+        named[f'pola-swin-{k}'] = dict(
+            scope=None,
+            cfg=dict(type='PolaSwin', arch=arch, attn_types='LLSS', **common),
+            config=config.format('pola-'))
+        sizes = {
+            key: list(v) if isinstance(v, (list, tuple)) else v
+            for key, v in PolaSwin.arch_zoo[arch].items()
+        }
+        named[f'swin-{k}'] = dict(
+            scope='mmdet',
+            cfg=dict(
+                type='SwinTransformer',
+                **sizes,
+                mlp_ratio=4,
+                qkv_bias=True,
+                qk_scale=None,
+                drop_rate=0.,
+                attn_drop_rate=0.,
+                patch_norm=True,
+                with_cp=False,
+                **common),
+            config=config.format(''))
+    return named
+
+
+def _swin_configs(task: str, pattern: str, sizes: str) -> Tuple[str, Dict[str, str]]:
+    return task, config_set('pola_swin', pattern, sizes, 'swin')
+
+
+#: the Swin family (:mod:`polaformer_mm.models.family`)
+FAMILY = register_family(
+    BackboneFamily(
+        name='swin',
+        title='Swin',
+        backbone=PolaSwin,
+        layouts=(
+            Layout('swin', 'PolaSwin with softmax stages', lambda k: matches(k, *_SWIN_OWN),
+                   identity),
+            Layout('swin', 'the official Swin release (microsoft/Swin-Transformer)',
+                   lambda k: matches(k, *_SWIN_OFFICIAL), _swin_official),
+            Layout('swin', "mmdet's / mmpretrain's SwinTransformer",
+                   lambda k: matches(k, *_SWIN_MM), _swin_mm),
+        ),
+        config_name='swin',
+        config_title='Swin',
+        config_sizes='[tsb]',
+        benchmark=_swin_benchmark,
+        reproduce=dict([
+            _swin_configs('mask-rcnn-1x', 'mask-rcnn_pola-swin-{}-p4-w7_fpn_1x_coco.py', 'ts'),
+            _swin_configs('mask-rcnn-3x', 'mask-rcnn_pola-swin-{}-p4-w7_fpn_ms-crop-3x_coco.py',
+                          'ts'),
+            _swin_configs('upernet', 'upernet_pola-swin-{}_8xb2-160k_ade20k-512x512.py', 'tsb'),
+            _swin_configs(
+                'cascade-mask-rcnn-3x',
+                'cascade-mask-rcnn_pola-swin-{}-p4-w7_fpn_4conv1fc-giou_amp-ms-crop-3x_coco.py',
+                'ts'),
+            _swin_configs('mask2former-coco',
+                          'mask2former_pola-swin-{}-p4-w7-224_8xb2-lsj-50e_coco.py', 'ts'),
+            _swin_configs('mask2former-coco-panoptic',
+                          'mask2former_pola-swin-{}-p4-w7-224_8xb2-lsj-50e_coco-panoptic.py', 'ts'),
+            _swin_configs('mask2former-ade20k',
+                          'mask2former_pola-swin-{}_8xb2-160k_ade20k-512x512.py', 'ts'),
+            _swin_configs('mask2former-cityscapes',
+                          'mask2former_pola-swin-{}_8xb2-90k_cityscapes-512x1024.py', 'ts'),
+            _swin_configs('upernet-cityscapes',
+                          'upernet_pola-swin-{}_4xb2-80k_cityscapes-512x1024.py', 'ts'),
+        ]),
+        attention_names=r'(?:^|\.)stages\.(?P<stage>\d+)\.blocks\.(?P<block>\d+)\.attn$'))

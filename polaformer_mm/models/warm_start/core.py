@@ -26,9 +26,9 @@ from mmengine.logging import MMLogger
 from ...utils.checkpoint_io import load_checkpoint
 from ..attention import PolaLinearAttention
 from ..backbones.base import PolaBackboneBase
+from ..family import families, family_named, family_of
 from ..official_weights import extract_state_dict, refuse_non_finite
-from .layouts import (FAMILY_NAMES, FAMILY_OF_BACKBONE, POLA_KEYS, Converted, Layout, find_layout,
-                      layouts_of)
+from .layouts import PENDING_BACKBONES, POLA_KEYS, Converted, Layout, find_layout, layouts_of
 from .report import WarmStartReport
 from .translate import translate
 
@@ -43,12 +43,25 @@ class WarmStartError(ValueError):
 
 
 def backbone_family(backbone: nn.Module) -> str:
-    """'pvt', 'swin', 'pvtv2' or 'vit' for a Pola backbone (or a subclass of one)."""
-    for cls in type(backbone).__mro__:
-        if cls.__name__ in FAMILY_OF_BACKBONE:
-            return FAMILY_OF_BACKBONE[cls.__name__]
-    raise TypeError(f'a warm start needs a Pola backbone ({", ".join(FAMILY_OF_BACKBONE)}), '
-                    f'got {type(backbone).__name__}')
+    """The name of the registered family of a Pola backbone (or of a subclass of one's
+    class), e.g. 'pvt' (:func:`polaformer_mm.models.family.family_of`)."""
+    family = family_of(backbone)
+    for cls in type(backbone).__mro__:  # PENDING
+        if family is None and cls.__name__ in PENDING_BACKBONES:
+            return PENDING_BACKBONES[cls.__name__][0]
+    if family is None:
+        known = ', '.join(f.backbone.__name__ for f in families())
+        raise TypeError(f'a warm start needs a Pola backbone ({known}), '
+                        f'got {type(backbone).__name__}')
+    return family.name
+
+
+def _title(family: str) -> str:
+    """The family ``family`` in messages, e.g. 'PVT v1'."""
+    for name, title in PENDING_BACKBONES.values():  # PENDING
+        if name == family:
+            return title
+    return family_named(family).title
 
 
 def describe(backbone: PolaBackboneBase) -> str:
@@ -108,10 +121,10 @@ def _choose_layout(state_dict, backbone: PolaBackboneBase, source: str) -> Layou
     if others:
         other = others[0]
         raise WarmStartError(
-            f'{source!r} is a {FAMILY_NAMES[other.family]} checkpoint ({other.name}), but '
-            f'{name} warm-starts from {FAMILY_NAMES[family]} checkpoints ({known}); use the '
-            f'Pola backbone of the {FAMILY_NAMES[other.family]} family for it')
-    raise WarmStartError(f'{source!r}: its keys are in no {FAMILY_NAMES[family]} softmax layout '
+            f'{source!r} is a {_title(other.family)} checkpoint ({other.name}), but '
+            f'{name} warm-starts from {_title(family)} checkpoints ({known}); use the '
+            f'Pola backbone of the {_title(other.family)} family for it')
+    raise WarmStartError(f'{source!r}: its keys are in no {_title(family)} softmax layout '
                          f'{name} reads ({known}); first keys: {keys[:6]} (is the prefix '
                          'right?)')
 
@@ -133,7 +146,7 @@ def guess_arch(backbone: PolaBackboneBase, state_dict) -> Optional[str]:
     """The arch of the backbone's family whose softmax twin (other arguments as the
     backbone's) fits ``state_dict`` exactly; None if none does. Twins are built on the
     meta device where the backbone allows it."""
-    # the full names first (PolaViT has 'deit-t' beside 'deit-tiny')
+    # the full names first (an arch zoo may hold a short name beside the full one)
     for arch in sorted((a for a in type(backbone).arch_zoo if len(a) > 1),
                        key=lambda a: (-len(a), a)):
         for device in ('meta', 'cpu'):
@@ -150,7 +163,8 @@ def guess_arch(backbone: PolaBackboneBase, state_dict) -> Optional[str]:
 
 def fit_grids(twin: PolaBackboneBase, converted: Converted) -> Converted:
     """Position tables of the file resized to the twin's grids, where the backbone
-    resizes them on load itself (PolaViT's ``pos_embed`` learned at another size)."""
+    resizes them on load itself (a backbone's ``_fit_grids``: e.g. a class-token position
+    table learned at another size)."""
     fit = getattr(twin, '_fit_grids', None)
     if fit is None:
         return converted
@@ -200,7 +214,7 @@ def load_twin(twin: PolaBackboneBase, converted: Converted, backbone: PolaBackbo
             named = [converted.origin[k][0] for k in unexpected]
             parts.append(f'{len(unexpected)} unexpected keys, e.g. {named[:4]}')
         arch = guess_arch(backbone, state_dict)
-        family = FAMILY_NAMES[backbone_family(backbone)]
+        family = _title(backbone_family(backbone))
         hint = (f"the file fits {type(backbone).__name__} arch {arch!r}: set arch='{arch}'"
                 if arch else f'it fits no {type(backbone).__name__} arch '
                 f'{sorted(a for a in type(backbone).arch_zoo if len(a) > 1)} with these '

@@ -1,0 +1,139 @@
+"""Backbone families: everything the package knows about a family, declared beside its
+backbone class, and the registry the tools iterate over.
+
+A family is a Pola backbone class and its upstream relatives: the softmax checkpoints it
+warm-starts from, the softmax backbone it is benchmarked against, how its configs are
+named, which reproduce tasks it takes part in, where its attention modules sit. The
+family's module fills one :class:`BackboneFamily` and registers it with
+:func:`register_family`; the warm start (:mod:`polaformer_mm.models.warm_start`),
+``benchmark_backbone`` (:mod:`polaformer_mm.analysis.benchmark`), the gain table, the
+attention analysis and the reproduce kit read the registry (:func:`families`,
+:func:`family_of`) and name no family themselves. docs/notes/developer_guide.md
+("Adding a backbone family") walks through a new one.
+
+This module imports nothing of the package, so that every family module and every tool
+can import it.
+"""
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Pattern, Sequence, Tuple, Union
+
+__all__ = [
+    'BackboneFamily', 'register_family', 'families', 'family_of', 'family_named', 'config_set'
+]
+
+
+def _no_backbones() -> Dict[str, dict]:
+    return {}
+
+
+@dataclass(frozen=True)
+class BackboneFamily:
+    """What the package knows about one backbone family.
+
+    Args:
+        name (str): The family's key, e.g. ``'pvt'``: the value of the backbone class's
+            ``family`` attribute.
+        title (str): The family in messages, e.g. ``'PVT v1'``.
+        backbone (type): The Pola backbone class (subclasses belong to the family too).
+        layouts (sequence): The key layouts of softmax checkpoints the warm start reads
+            (:class:`~polaformer_mm.models.checkpoint_layouts.Layout`), the backbone's own
+            (softmax twin) layout first.
+        config_name (str): The family in config file names (``pola-<config_name>-<size>``).
+        config_title (str): The family in the gain table's backbone labels.
+        config_sizes (str): A regex of the sizes in config file names (what follows
+            ``<config_name>-``), e.g. ``'[tsml]'``.
+        config_size_suffix (str): What follows the size in config file names and is no
+            part of it (``'16'``: a patch size), or ''.
+        benchmark (callable): ``() -> {name: dict(scope, cfg, config)}``: the named
+            backbones of ``benchmark_backbone.py``, each Pola one (``pola-X``) beside its
+            softmax baseline (``X``), built in registry ``scope`` (None: the package's).
+        reproduce (dict): reproduce task -> {``--arch`` name: config path under
+            ``configs/``}: the family's Pola configs in each task of ``tools/reproduce.py``.
+        attention_names (regex): Matches the module names of the family's Pola attention
+            modules in a backbone, with the groups ``block`` and, for a backbone with
+            several stages, ``stage``.
+        read_release (callable, optional): ``state_dict -> state_dict or None``: a release
+            file that ``init_cfg=dict(type='Pretrained')`` reads in the family's own way
+            (None when the file is not one).
+    """
+    name: str
+    title: str
+    backbone: type
+    layouts: Sequence = ()
+    config_name: str = ''
+    config_title: str = ''
+    config_sizes: str = r'[a-z0-9]+'
+    config_size_suffix: str = ''
+    benchmark: Callable[[], Dict[str, dict]] = _no_backbones
+    reproduce: Dict[str, Dict[str, str]] = field(default_factory=dict)
+    attention_names: Union[str, Pattern, None] = None
+    read_release: Optional[Callable] = None
+
+    def config_pattern(self) -> Pattern:
+        """``(pola-)?<config_name>-<size>`` as a word of a config file name; groups:
+        ``pola``, ``size``."""
+        return re.compile(rf'(?:^|_)(?P<pola>pola-)?{re.escape(self.config_name or self.name)}'
+                          rf'-(?P<size>{self.config_sizes}){re.escape(self.config_size_suffix)}'
+                          r'(?=[-_]|$)')
+
+    def attention_site(self, name: str) -> Optional[Tuple[int, int]]:
+        """(stage, block) of the attention module called ``name``, or None when the name is
+        not one of the family's attention modules."""
+        if self.attention_names is None:
+            return None
+        match = re.search(self.attention_names, name)
+        if match is None:
+            return None
+        groups = match.groupdict()
+        return int(groups.get('stage') or 0), int(groups['block'])
+
+
+_FAMILIES: Dict[str, BackboneFamily] = {}
+
+
+def register_family(family: BackboneFamily) -> BackboneFamily:
+    """Register ``family`` (a family registered again under its name replaces the earlier
+    entry: a reloaded module). The backbone class must carry the family's name in its
+    ``family`` attribute.
+
+    Returns:
+        BackboneFamily: ``family``.
+    """
+    if not isinstance(family, BackboneFamily):
+        raise TypeError(f'register_family takes a BackboneFamily, got {type(family).__name__}')
+    if getattr(family.backbone, 'family', None) != family.name:
+        raise ValueError(f'{family.backbone.__name__}.family is '
+                         f'{getattr(family.backbone, "family", None)!r}, but the family '
+                         f'registered for it is {family.name!r}')
+    _FAMILIES[family.name] = family
+    return family
+
+
+def families() -> List[BackboneFamily]:
+    """Every registered family, in registration order."""
+    return list(_FAMILIES.values())
+
+
+def family_named(name: str) -> BackboneFamily:
+    """The family registered as ``name``; a KeyError naming the registered ones."""
+    if name not in _FAMILIES:
+        raise KeyError(f'no backbone family {name!r}; registered: {", ".join(_FAMILIES)}')
+    return _FAMILIES[name]
+
+
+def family_of(backbone) -> Optional[BackboneFamily]:
+    """The family of a backbone (an instance or a class): the registered family of the
+    nearest class in its MRO that is a family's backbone class; None for any other."""
+    cls = backbone if isinstance(backbone, type) else type(backbone)
+    for base in cls.__mro__:
+        for family in _FAMILIES.values():
+            if family.backbone is base:
+                return family
+    return None
+
+
+def config_set(folder: str, pattern: str, sizes: Sequence[str], name: str) -> Dict[str, str]:
+    """``{'<name>-<size>': '<folder>/<pattern with the size>'}`` for every size: a family's
+    configs of one reproduce task (``BackboneFamily.reproduce``)."""
+    return {f'{name}-{size}': f'{folder}/{pattern.format(size)}' for size in sizes}
