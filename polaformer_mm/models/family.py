@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Pattern, Sequence, Tuple, Union
 
 __all__ = [
-    'BackboneFamily', 'register_family', 'families', 'family_of', 'family_named', 'config_set'
+    'BackboneFamily', 'register_family', 'unregister_family', 'families', 'family_of',
+    'family_named', 'config_set'
 ]
 
 
@@ -107,6 +108,18 @@ def register_family(family: BackboneFamily) -> BackboneFamily:
                          f'{getattr(family.backbone, "family", None)!r}, but the family '
                          f'registered for it is {family.name!r}')
     _FAMILIES[family.name] = family
+    return family
+
+
+def unregister_family(name: str) -> BackboneFamily:
+    """Remove the family registered as ``name`` (a family defined for a while only, e.g.
+    in a test); a KeyError naming the registered ones when there is none.
+
+    Returns:
+        BackboneFamily: the removed family.
+    """
+    family = family_named(name)
+    del _FAMILIES[name]
     return family
 
 
