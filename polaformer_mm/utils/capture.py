@@ -6,21 +6,28 @@ interpolation by cached matrices, size checks in Python), and a plain one, out-o
 tensor operations without Python decisions on sizes, which a graph records whole so that
 one exported graph serves every input size. :func:`graph_capture` says which one runs.
 
-Users who export or trace the model by hand need nothing: a jit trace or script, an ONNX
-export (either exporter), ``torch.compile`` and ``torch.export`` are detected. Code that
-records the model some other way (a FLOP counter hooking the operators, a custom tracer)
-sets the switch for the duration::
+Users who export or trace the model by hand need nothing for the plain forms: a jit trace
+or script, an ONNX export (either exporter), ``torch.compile`` and ``torch.export`` are
+detected. Code that records the model some other way (a FLOP counter hooking the
+operators, a custom tracer) sets the switch for the duration::
 
     from polaformer_mm.utils.capture import exportable
 
     with exportable():
         graph = my_tracer(model, images)
 
-The project's export tools (:mod:`polaformer_mm.deployment`) do so themselves. Under an
-ONNX export (:func:`onnx_export`) the Pola attention modules take a third form, written for
-graph runtimes (channels first, no head transposes). The
-switch is global to the process, as timm's ``set_exportable``; :func:`exportable` puts
-the previous value back on exit.
+The project's export tools (:mod:`polaformer_mm.deployment`) do so themselves. The switch
+is global to the process, as timm's ``set_exportable``; :func:`exportable` puts the
+previous value back on exit.
+
+The switch chooses between the eager and the plain form only; no model asks it for a
+third. The forms written for graph runtimes (the Pola attention channels first, without
+head transposes) or for the operators of older ONNX opsets are chosen by the exporter:
+declared beside their modules with
+:func:`~polaformer_mm.utils.graph_forms.register_graph_form` and swapped in for the export
+by :func:`~polaformer_mm.utils.graph_forms.graph_forms`, which the project's exporters
+enter (a hand-written ``torch.onnx.export`` inside ``with graph_forms(model):`` records the
+same graph as the tools).
 """
 import contextlib
 from typing import Iterator
@@ -29,7 +36,7 @@ import torch
 
 from .compat import is_compiling, is_exporting
 
-__all__ = ['is_exportable', 'set_exportable', 'exportable', 'graph_capture', 'onnx_export']
+__all__ = ['is_exportable', 'set_exportable', 'exportable', 'graph_capture']
 
 _exportable = False
 
@@ -78,13 +85,3 @@ def graph_capture() -> bool:
     eager-only fast paths (autograd Functions, in-place blocks), no branches on sizes."""
     return bool(_exportable or torch.jit.is_tracing() or torch.jit.is_scripting()
                 or torch.onnx.is_in_onnx_export() or is_compiling() or is_exporting())
-
-
-def onnx_export() -> bool:
-    """Whether an ONNX exporter (either one) records the running code: a case of
-    :func:`graph_capture` in which layers take the form an exported graph runs fastest
-    in, where it has one (the channels-first attention of
-    :meth:`~polaformer_mm.models.PolaLinearAttention.forward_channels_first`). A graph
-    runtime copies the whole tensor at every transpose, which a trace for ``torch.compile``
-    would fuse away."""
-    return bool(torch.onnx.is_in_onnx_export())
