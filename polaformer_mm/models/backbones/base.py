@@ -10,11 +10,15 @@ import torch.nn as nn
 from mmengine.logging import MMLogger
 from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
+from mmengine.registry import WEIGHT_INITIALIZERS
 from mmengine.utils import to_2tuple
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..utils import check_sizes, nlc_to_nchw
+
+#: keys only Pola attention has (official PolaFormer files and ours alike)
+POLA_KEYS = r'(^|\.)attn\.(qg|qkvg|power|positional_encoding)(\.|$)'
 
 
 def is_int(value) -> bool:
@@ -294,11 +298,13 @@ class PolaBackboneBase(BaseModule):
         or apply the official initialisation without ``init_cfg``."""
         init_cfg = self.init_cfg
         if isinstance(init_cfg, dict) and init_cfg.get('type') == 'WarmStart':
-            from ..warm_start import warm_start_from_cfg
-
-            # what was loaded, what is new, what was left unused (also logged)
-            self.warm_start_report = warm_start_from_cfg(self, init_cfg)
-            self._is_init = True
+            # the initializer that :mod:`~polaformer_mm.models.warm_start` registers; it
+            # sets ``warm_start_report``: what was loaded, what is new, what was unused
+            initializer = WEIGHT_INITIALIZERS.get('WarmStart')
+            if initializer is None:
+                raise KeyError("init_cfg type='WarmStart' needs polaformer_mm.models."
+                               'warm_start imported (it registers the initializer)')
+            initializer(**{k: v for k, v in init_cfg.items() if k != 'type'})(self)
             return
         if isinstance(init_cfg, dict) and init_cfg.get('type') == 'Pretrained':
             # Handled here rather than by mmengine's PretrainedInit so that an
@@ -359,7 +365,6 @@ class PolaBackboneBase(BaseModule):
         """What to do about a file that does not fit: a softmax file (no Pola attention
         in it, Pola attention missing) warm-starts; anything else is another size or
         setting."""
-        from ..warm_start.layouts import POLA_KEYS
         pola_missing = [k for k in missing if re.search(POLA_KEYS, k)]
         if pola_missing and not any(re.search(POLA_KEYS, k) for k in state_dict):
             return ("The file holds no Pola attention (a softmax checkpoint?): warm-start "

@@ -12,37 +12,40 @@ from mmengine.registry import WEIGHT_INITIALIZERS
 from ..backbones.base import PolaBackboneBase
 from .convert import build_backbone, convert_softmax_checkpoint
 from .core import WarmStartError, backbone_family, softmax_twin, warm_start, warm_start_from_cfg
-from .layouts import LAYOUTS, Layout
+from .layouts import Layout, all_layouts
 from .report import WarmStartReport
 
 __all__ = [
-    'LAYOUTS', 'Layout', 'WarmStartError', 'WarmStartInit', 'WarmStartReport', 'backbone_family',
-    'build_backbone', 'convert_softmax_checkpoint', 'softmax_twin', 'warm_start',
+    'Layout', 'all_layouts', 'WarmStartError', 'WarmStartInit', 'WarmStartReport',
+    'backbone_family', 'build_backbone', 'convert_softmax_checkpoint', 'softmax_twin', 'warm_start',
     'warm_start_from_cfg'
 ]
 
 
 @WEIGHT_INITIALIZERS.register_module(name='WarmStart')
 class WarmStartInit(BaseInit):
-    """``init_cfg=dict(type='WarmStart', checkpoint=..., prefix=...)`` where mmengine
-    applies it itself: on a module that is no Pola backbone (Pola backbones handle the
-    entry in their ``init_weights``). Such a use is an error that names the module and,
-    when it holds a Pola backbone, where the entry belongs.
+    """``init_cfg=dict(type='WarmStart', checkpoint=..., prefix=...)``: warm-starts a Pola
+    backbone (whose ``init_weights`` builds this initializer, as mmengine does for a
+    module it initialises) and leaves the report on it as ``warm_start_report``: what was
+    loaded, what is new, what was left unused (also logged). On a module that is no Pola
+    backbone it is an error that names the module and, when it holds a Pola backbone,
+    where the entry belongs.
 
     Args:
         checkpoint (str): The softmax checkpoint.
         prefix (str, optional): The prefix of the backbone's keys in it.
+        Other keys are an error that names them.
     """
 
-    def __init__(self, checkpoint=None, prefix=None, **kwargs):
-        super().__init__(**kwargs)
-        self.checkpoint = checkpoint
-        self.prefix = prefix
+    def __init__(self, **cfg):
+        super().__init__()
+        self.cfg = cfg
 
     def __call__(self, module) -> None:
         """Warm-start ``module`` if it is a Pola backbone; else a named error."""
         if isinstance(module, PolaBackboneBase):
-            warm_start_from_cfg(module, dict(checkpoint=self.checkpoint, prefix=self.prefix))
+            module.warm_start_report = warm_start_from_cfg(module, self.cfg)
+            module._is_init = True
             return
         inner = next(
             (name for name, m in module.named_modules() if isinstance(m, PolaBackboneBase)), None)

@@ -11,7 +11,6 @@ import torch
 from ...utils.checkpoint_io import atomic_save
 from ...utils.output_paths import OutputPathError, check_output_file
 from ...version import __version__
-from ..backbones import registered_class
 from ..backbones.base import PolaBackboneBase
 from ..official_weights import refuse_same_file
 from .core import backbone_family, describe, warm_start
@@ -48,10 +47,7 @@ def backbone_cfg_of(config: Optional[str] = None,
 def build_backbone(cfg: dict) -> PolaBackboneBase:
     """Build a Pola backbone from its config (a named error for any other type)."""
     from mmengine.registry import MODELS
-
-    import polaformer_mm  # noqa: F401  (registers the backbones)
     cls = MODELS.get(cfg.get('type')) if isinstance(cfg.get('type'), str) else cfg.get('type')
-    cls = registered_class(cls)  # PolaViT before its module is imported
     if not (isinstance(cls, type) and issubclass(cls, PolaBackboneBase)):
         raise TypeError(f'{cfg.get("type")!r} is not a Pola backbone; the warm start builds '
                         'PolaPVT, PolaSwin, PolaPVTv2 or PolaViT')
