@@ -17,8 +17,8 @@ import os.path as osp
 from collections import Counter
 from typing import Optional, Sequence
 
-from .dataset_check import (FolderListing, check_image_entries, check_image_files, config_classes,
-                            is_hashable, is_remote, join_path)
+from .dataset_report import (FolderListing, check_image_entries, check_image_files, config_classes,
+                             is_hashable, is_remote, join_path)
 
 _SEGMENT_KEYS = ('id', 'category_id', 'bbox', 'area')
 
@@ -218,7 +218,7 @@ def check_coco_panoptic(report,
                         training: bool,
                         seg_sample: Optional[int] = 64,
                         deep: bool = False) -> None:
-    """Fill ``report`` (a :class:`~.dataset_check.DatasetReport`) for a COCO-panoptic
+    """Fill ``report`` (a :class:`~.dataset_report.DatasetReport`) for a COCO-panoptic
     dataset (see the module notes; ``deep``: also open every image's header)."""
     loaded = _load(report, ds_cfg)
     if loaded is None:
