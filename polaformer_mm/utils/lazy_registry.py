@@ -11,6 +11,7 @@ the class itself: ``registry.get(name)`` is the class, never a stand-in.
 This module imports nothing of the package.
 """
 import importlib
+import sys
 from typing import Dict
 
 __all__ = ['LazyEntries', 'register_lazily', 'lazy_names']
@@ -31,8 +32,8 @@ class LazyEntries(dict):
 
     def _load(self, key) -> None:
         module = self.pending.pop(key, None) if isinstance(key, str) else None
-        if module is None or dict.__contains__(self, key):
-            return
+        if module is None or dict.__contains__(self, key) or module in sys.modules:
+            return  # registered, or its module is importing (register_module looks it up)
         try:
             importlib.import_module(module)
         except ImportError as err:

@@ -54,6 +54,13 @@ def test_the_first_look_up_imports_the_module_that_registers_the_class(toys):
     assert root.get('Other') is None and 'Other' not in root
 
 
+def test_the_module_imported_before_any_look_up_registers_as_usual(toys):
+    root, _ = toys
+    register_lazily(root, 'Toy', 'lazy_toy')
+    import lazy_toy  # its register_module() looks the name up while the module is importing
+    assert root.get('Toy') is lazy_toy.Toy and lazy_names(root) == {}
+
+
 def test_a_name_registered_before_is_left_as_it_is(toys):
     root, _ = toys
 
