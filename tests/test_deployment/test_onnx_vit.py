@@ -44,6 +44,44 @@ def test_backbone_onnx_equals_pytorch_at_other_sizes(attn_types, output_cls_toke
     assert maps == [(5, 6)] * 3 + [(3, 9)] * 3 + [(7, 4)] * 3
 
 
+# inputs of one patch or less (a 1x1 patch grid: the position embedding and every P resized
+# from 14x14 to 1x1 by the graph, the input padded to the patch), a 1x2 grid, and larger ones
+SMALL_HW = [(16, 16), (8, 8), (1, 1), (17, 5), (32, 32), (224, 224)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('weights', ['random', 'deit-init'])
+def test_dynamic_export_agrees_at_one_patch_and_less(weights, tmp_path):
+    """A dynamic export at 72x88 of a PolaViT whose position tables lie on the 14x14 grid
+    of pretrain_img_size=224 agrees with PyTorch within 1e-4 of each output's peak at
+    inputs of 16 px or less (where the graph resizes the tables to a 1x1 grid) and at larger
+    ones; with weights of DeiT's initialisation (outputs of order 1, P random as after
+    training) also within 1e-4 absolute. Random weights of std 0.3 give outputs of order
+    100, whose float32 rounding alone is of order 1e-3 absolute."""
+    if weights == 'random':
+        backbone = randomised(lambda: PolaViT(arch=ARCH, out_indices=(0, 1, 2), attn_types='LSL'))
+    else:
+        torch.manual_seed(0)
+        backbone = PolaViT(arch=ARCH, out_indices=(0, 1, 2), attn_types='LSL')
+        backbone.init_weights()
+        with torch.no_grad():
+            for block in (backbone.layers[0], backbone.layers[2]):
+                block.attn.positional_encoding.normal_(0, 0.02)
+        backbone.eval()
+    assert backbone.patch_resolution == (14, 14)
+    model = ExportableModel(backbone, 'backbone')
+    path = str(tmp_path / 'vit.onnx')
+    export_onnx(model, path, EXPORT_HW, dynamic=True, opset=11)
+    rows = compare_onnxruntime(model, path, SMALL_HW)
+    assert len(rows) == 3 * len(SMALL_HW)
+    for row in rows:
+        assert row.max_rel < 1e-4, row
+        if weights == 'deit-init':
+            assert row.max_abs < 1e-4, row
+    assert [r.out_shape[2:] for r in rows[::3]] == [(1, 1), (1, 1), (1, 1), (2, 1), (2, 2),
+                                                    (14, 14)]
+
+
 @pytest.fixture
 def flop_table():
     """polaformer_mm.analysis.flops adds counters to mmengine's default FLOP table;
