@@ -204,8 +204,14 @@ def backbone_label(run: Run) -> str:
 
 
 def is_pola(run: Run) -> bool:
-    """Whether the run's backbone is a Pola one."""
-    return str(run.cfg.model.backbone.get('type', '')).split('.')[-1].startswith('Pola')
+    """Whether the run's backbone computes Pola attention: a Pola backbone (its type
+    ``Pola*``) with at least one 'L' in its ``attn_types`` when the config sets them (an
+    all-'S' Pola backbone is a softmax baseline of its family)."""
+    backbone = run.cfg.model.backbone
+    if not str(backbone.get('type', '')).split('.')[-1].startswith('Pola'):
+        return False
+    attn_types = backbone.get('attn_types')
+    return attn_types is None or 'L' in str(attn_types)
 
 
 def _sort_key(run: Run):

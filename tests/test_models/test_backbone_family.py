@@ -287,11 +287,6 @@ def test_gain_table_labels_and_pairs_the_toy_runs(toy_family, tmp_path):
     assert rows[2]['params_M'] == pytest.approx(params[1] - params[0])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gain_table.is_pola goes by the backbone type's name ('Pola*'), not by its "
-    "attention: the toy's softmax baseline (its own class, all 'S') counts as a Pola run, "
-    "and a Pola run pairs with it only when its name sorts after 'pola-'")
 def test_gain_table_pairs_an_all_softmax_baseline_of_the_same_class(toy_family, tmp_path):
     """The toy family with config names 'mini-n' (before 'pola-' in the sort): the
     all-'S' run is the softmax row and pairs with the Pola run."""
