@@ -283,7 +283,7 @@ class PolaViTBlock(BaseModule):
         return self.ffn(self.ln2(x), identity=x)
 
 
-@MODELS.register_module(force=True)  # in place of the lazy builder of backbones/__init__
+@MODELS.register_module(force=True)  # noted in backbones/__init__, imported on first look-up
 class PolaViT(PolaBackboneBase):
     """Pola-DeiT backbone: mmpretrain's ``VisionTransformer`` (DeiT sizes) with
     polarity-aware linear attention, for dense prediction at any input size.
