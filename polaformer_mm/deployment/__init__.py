@@ -32,7 +32,9 @@ preprocessor's mean / std and padded as it pads, as mmdeploy's exported graphs d
 The exports record a trace with the TorchScript exporter and set the graph-capture switch
 (:func:`polaformer_mm.utils.capture.exportable`); under it the Pola modules take their
 plain tensor formulations, so that every size-dependent step is in the graph and one file
-serves any input size. The graphs use the operators of opset 11 (mmdeploy's default).
+serves any input size. They also enter :func:`polaformer_mm.utils.graph_forms.graph_forms`,
+so that the modules with a registered graph form (the Pola attention channels first) record
+it. The graphs use the operators of opset 11 (mmdeploy's default).
 Those plain forms are also laid out for graph runtimes (token-wise layers on 2-D rows,
 one ``Gemm`` each; the attention's products taken per sign of the features, without
 concatenations or slices of its intermediates; resizes as matrix products; paddings the
