@@ -298,7 +298,7 @@ def test_checkpoint_names_follow_converter():
     official |= {f'checkpoints/pola_swin_{s}_mm.pth' for s in 'tsb'}
     assert official <= names
     # families without official weights: files of the warm-start converter (or ImageNet runs)
-    warm = {f'checkpoints/pola_pvtv2_b{i}_mm.pth' for i in range(3)}
+    warm = {f'checkpoints/pola_pvtv2_b{i}_mm.pth' for i in range(6)}
     warm |= {f'checkpoints/pola_deit_{s}_mm.pth' for s in 'tsb'}
     assert names - official == warm
 
