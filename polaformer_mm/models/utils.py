@@ -6,8 +6,6 @@ makes that choice itself, once, and the layers only call it:
 
 * :func:`check_sizes`: size checks in Python, eager only (a graph leaves them to the
   runtime);
-* :func:`captured_blocks`: a stage's blocks, or in a graph capture each in the form
-  given for graphs (Pola-PVTv2's softmax blocks);
 * :func:`pad_to_multiple`: padding by amounts the graph computes (always, possibly by 0);
 * :func:`pad_for_patches`: the padding before a patchifying convolution, or a constant
   one that graph runtimes fold into the convolution;
@@ -26,7 +24,7 @@ makes that choice itself, once, and the layers only call it:
 
 The attention op itself decides in its dispatch (:mod:`polaformer_mm.ops.pola_attention`).
 """
-from functools import lru_cache, partial
+from functools import lru_cache
 from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
@@ -56,15 +54,6 @@ def check_sizes(error: Callable[[], Optional[str]]) -> None:
     message = error()
     if message is not None:
         raise ValueError(message)
-
-
-def captured_blocks(blocks: Sequence[Callable], captured: Callable) -> Sequence[Callable]:
-    """The blocks a stage runs: ``blocks`` as they are, or in a graph capture each
-    block ``b`` as ``partial(captured, b)`` (the block's form for graphs, called with the
-    block's own arguments after ``b``)."""
-    if not graph_capture():
-        return blocks
-    return [partial(captured, b) for b in blocks]
 
 
 def token_rows(layer: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:

@@ -1,26 +1,32 @@
 """Pola-PVTv2: PVTv2 (mmdet's ``PyramidVisionTransformerV2``) with polarity-aware linear
 attention, at any input size.
 
-The softmax ('S') parts are mmdet's own modules, imported when a model is built (so that
+The model is made of mmdet's own modules, imported when a model is built (so that
 ``import polaformer_mm`` does not import mmdet): the overlapping patch embeddings
-(``PatchEmbed``), the encoder layer (``PVTEncoderLayer``) and the depthwise-conv FFN
-(``MixFFN``). The state-dict keys are mmdet's.
+(``PatchEmbed``) and the encoder layers (``PVTEncoderLayer``, its depthwise-conv FFN
+``MixFFN``). Every block of every stage is a ``PVTEncoderLayer``: as it is in softmax
+('S') stages (:class:`PVTv2SoftmaxLayer`), with its attention a
+:class:`PVTv2PolaAttention` in Pola ('L') stages (:class:`PVTv2PolaLayer`). The
+state-dict keys are mmdet's.
 """
+import contextlib
 import math
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from functools import partial
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch.nn.functional as F
 from mmcv.cnn import build_norm_layer
 from mmcv.cnn.bricks.drop import build_dropout
-from mmengine.model import BaseModule, ModuleList
+from mmengine.model import ModuleList
 from mmengine.model.weight_init import constant_init, normal_init, trunc_normal_init
 from mmengine.registry import MODELS
 from mmengine.utils import to_2tuple
 from torch import Tensor, nn
 
-from ..attention import PolaLinearAttention, split_heads
-from ..utils import (StagePositionalEncodings, captured_blocks, check_sizes, drop_path_rates,
-                     nchw_to_nlc, nlc_to_nchw, run_blocks, softmax_attention)
+from ...utils.graph_forms import register_graph_form
+from ..attention import AttentionInputs, PolaLinearAttention, head_dims, split_heads
+from ..utils import (StagePositionalEncodings, check_sizes, drop_path_rates, nchw_to_nlc,
+                     nlc_to_nchw, run_blocks, softmax_attention)
 from .base import PolaBackboneBase, check_mlp_ratios, check_positive_int, check_stage_list
 
 #: (kernel, stride, padding) of each stage's overlapping patch embedding (PVTv2's)
@@ -42,86 +48,104 @@ def _conv_out(size: int, kernel: int, stride: int, padding: int) -> int:
     return (size + 2 * padding - kernel) // stride + 1
 
 
-class PVTv2LinearBlock(BaseModule):
-    """PVTv2 block with Pola attention ('L'): ``x + drop_path(attn(norm1(x)))``, then
-    mmdet's ``MixFFN`` (``x + drop_path(ffn(norm2(x)))``, a depthwise conv between its
-    two pointwise convs). Its parameters are those of mmdet's ``PVTEncoderLayer`` but for
-    ``attn``.
+class PVTv2PolaAttention(PolaLinearAttention):
+    """The Pola attention of an 'L' block, with the call of mmdet's PVTv2 attention: its
+    ``forward(x, hw_shape, identity=None)`` returns ``identity + dropout_layer(attn(x))``
+    (``identity`` None: ``x``), as mmdet's ``SpatialReductionAttention`` does, so that
+    mmdet's ``PVTEncoderLayer.forward`` runs it as its own. Its parameters are those of
+    :class:`~polaformer_mm.models.attention.PolaLinearAttention` ('pvt' projections).
 
     Args:
-        embed_dims (int): Channels C of the tokens.
-        num_heads (int): Attention heads (C must be divisible by them).
-        feedforward_channels (int): Hidden channels of the FFN.
+        embed_dims (int): Channels C.
+        num_heads (int): Heads (C must be divisible by them).
         la_sr_ratio (int): Spatial reduction of the keys/values. Default: 1.
-        pos_grid (Sequence[int]): (H0, W0), the token grid at pretraining; the
-            positional encoding is learned on the key grid there (ceil of
-            ``pos_grid / la_sr_ratio``). Default: (56, 56).
-        alpha (float): Pola exponent ``1 + alpha * sigmoid(power)``. Default: 4.0.
-        kernel_size (int): Pola depthwise-conv kernel. Default: 5.
-        qkv_bias (bool): Bias of the query/key/value/gate projections. Default: True.
-        drop_rate (float): Dropout after the attention projection and in the FFN.
-            Default: 0.
-        drop_path_rate (float): Stochastic depth of both branches. Default: 0.
-        norm_cfg (dict): The two pre-norms. Default: ``dict(type='LN', eps=1e-6)``.
-        act_cfg (dict): FFN activation. Default: ``dict(type='GELU')``.
-        init_cfg (dict, optional): mmengine initialisation config. Default: None.
+        pos_grid (Sequence[int]): (H0, W0), the token grid at pretraining; ``P`` is
+            learned on the key grid there (ceil of ``pos_grid / la_sr_ratio``).
+            Default: (56, 56).
+        drop_path_rate (float): Stochastic depth of the branch (``dropout_layer``, as
+            mmdet names it). Default: 0.
+        **kwargs: ``alpha``, ``kernel_size``, ``qkv_bias``, ``proj_drop`` of
+            :class:`~polaformer_mm.models.attention.PolaLinearAttention`.
 
-    Inputs: tokens (B, H*W, C), their grid ``hw_shape`` (H, W) and optionally the
-    positional encoding already on the key grid. Output: tokens (B, H*W, C).
+    The stage resizes the ``P`` of all its blocks at once and hands each block's to it
+    for one call (:meth:`given_positional_encoding`); without one it resizes its own.
     """
 
     def __init__(self,
                  embed_dims: int,
                  num_heads: int,
-                 feedforward_channels: int,
                  la_sr_ratio: int = 1,
                  pos_grid: Sequence[int] = (56, 56),
-                 alpha: float = 4.0,
-                 kernel_size: int = 5,
-                 qkv_bias: bool = True,
-                 drop_rate: float = 0.,
                  drop_path_rate: float = 0.,
-                 norm_cfg: dict = dict(type='LN', eps=1e-6),
-                 act_cfg: dict = dict(type='GELU'),
-                 init_cfg: Optional[dict] = None):
-        super().__init__(init_cfg=init_cfg)
-        self.norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
-        self.attn = PolaLinearAttention(
+                 **kwargs):
+        super().__init__(
             embed_dims,
             num_heads,
             pos_grid=[math.ceil(s / la_sr_ratio) for s in pos_grid],
             sr_ratio=la_sr_ratio,
-            kernel_size=kernel_size,
-            alpha=alpha,
-            qkv_bias=qkv_bias,
             family='pvt',
-            proj_drop=drop_rate)
-        self.drop_path = build_dropout(dict(type='DropPath', drop_prob=drop_path_rate))
-        self.norm2 = build_norm_layer(norm_cfg, embed_dims)[1]
-        self.ffn = _mmdet_pvt().MixFFN(
-            embed_dims=embed_dims,
-            feedforward_channels=feedforward_channels,
-            ffn_drop=drop_rate,
-            dropout_layer=dict(type='DropPath', drop_prob=drop_path_rate),
-            use_conv=True,
-            act_cfg=act_cfg)
+            **kwargs)
+        self.dropout_layer = build_dropout(dict(type='DropPath', drop_prob=drop_path_rate))
+        self.stage_encoding: Optional[Tensor] = None
+
+    @contextlib.contextmanager
+    def given_positional_encoding(self, encoding: Optional[Tensor]) -> Iterator[None]:
+        """Within the ``with`` block the module's calls take ``encoding`` (``P`` already
+        on the key grid, e.g. from the stage's
+        :class:`~polaformer_mm.models.utils.StagePositionalEncodings`; None: its own
+        ``P``, resized where needed) as their positional encoding."""
+        # kept out of nn.Module's attribute handling: never registered as a parameter
+        self.__dict__['stage_encoding'] = encoding
+        try:
+            yield
+        finally:
+            self.__dict__['stage_encoding'] = None
+
+    def residual(self, out: Tensor, x: Tensor, identity: Optional[Tensor]) -> Tensor:
+        """``identity + dropout_layer(out)`` (``identity`` None: ``x``), the residual of
+        mmdet's attention."""
+        return (x if identity is None else identity) + self.dropout_layer(out)
 
     def forward(self,
                 x: Tensor,
                 hw_shape: Sequence[int],
-                pos_encoding: Optional[Tensor] = None) -> Tensor:
-        """``pos_encoding``: the positional encoding already resized to the key grid
-        (see :class:`PVTv2Stage`); None resizes it here."""
-        x = x + self.drop_path(self.attn(self.norm1(x), hw_shape, pos_encoding=pos_encoding))
-        return self.ffn(self.norm2(x), hw_shape, identity=x)
+                identity: Optional[Tensor] = None) -> Tensor:
+        """The attention of tokens ``x`` (B, H*W, C) on ``hw_shape`` added to
+        ``identity`` (see the class docstring)."""
+        out = super().forward(x, hw_shape, pos_encoding=self.stage_encoding)
+        return self.residual(out, x, identity)
+
+    def project(self,
+                x: Tensor,
+                hw_shape: Sequence[int],
+                padding_mask: Optional[Tensor] = None,
+                pos_encoding: Optional[Tensor] = None,
+                identity: Optional[Tensor] = None) -> AttentionInputs:
+        """:meth:`PolaLinearAttention.project
+        <polaformer_mm.models.attention.PolaLinearAttention.project>` of the arguments
+        of a call (``identity``, the residual, takes no part in the attention)."""
+        return super().project(x, hw_shape, padding_mask, pos_encoding)
+
+
+@register_graph_form(PVTv2PolaAttention)
+def pvtv2_pola_attention_graph_form(module: PVTv2PolaAttention,
+                                    x: Tensor,
+                                    hw_shape: Sequence[int],
+                                    identity: Optional[Tensor] = None) -> Tensor:
+    """The graph form of :class:`PVTv2PolaAttention`: its forward with the attention laid
+    out channels first (:meth:`PolaLinearAttention.forward_channels_first
+    <polaformer_mm.models.attention.PolaLinearAttention.forward_channels_first>`)."""
+    out = module.forward_channels_first(x, hw_shape, pos_encoding=module.stage_encoding)
+    return module.residual(out, x, identity)
 
 
 def captured_softmax_block(block: nn.Module, x: Tensor, hw_shape: Sequence[int]) -> Tensor:
-    """mmdet's ``PVTEncoderLayer`` (an 'S' block) on tokens ``x`` (B, H*W, C), the same
-    maths as its forward in operators of every ONNX opset: the captured form of 'S'
-    blocks (torch's ``nn.MultiheadAttention``, which mmdet's attention wraps, records
-    ``aten::unflatten`` for separate keys, an opset-13 operator). Its own parameters and
-    submodules (spatial reduction, dropouts, drop path, FFN) are used as they are."""
+    """The graph form of the 'S' blocks (:class:`PVTv2SoftmaxLayer`, mmdet's
+    ``PVTEncoderLayer``): its forward on tokens ``x`` (B, H*W, C) in operators of every
+    ONNX opset (torch's ``nn.MultiheadAttention``, which mmdet's attention wraps,
+    records ``aten::unflatten`` for separate keys, an opset-13 operator). Its own
+    parameters and submodules (spatial reduction, dropouts, drop path, FFN) are used as
+    they are."""
     attn = block.attn
     mha = attn.attn
     y = block.norm1(x)
@@ -140,20 +164,127 @@ def captured_softmax_block(block: nn.Module, x: Tensor, hw_shape: Sequence[int])
     return block.ffn(block.norm2(x), hw_shape, identity=x)
 
 
+#: the layer classes, subclasses of mmdet's PVTEncoderLayer made on first use
+_LAYERS: Dict[str, type] = {}
+
+
+def layer_classes() -> Tuple[type, type]:
+    """(:class:`PVTv2SoftmaxLayer`, :class:`PVTv2PolaLayer`), the blocks of 'S' and 'L'
+    stages: subclasses of mmdet's ``PVTEncoderLayer`` (``forward`` and the state-dict
+    keys are mmdet's), defined on first use (it imports mmdet) and then attributes of
+    this module like its other classes."""
+    if not _LAYERS:
+        pvt = _mmdet_pvt()
+
+        class PVTv2SoftmaxLayer(pvt.PVTEncoderLayer):
+            """mmdet's ``PVTEncoderLayer`` as it is, the block of an 'S' stage; a class of
+            its own so that its graph form (:func:`captured_softmax_block`, for ONNX
+            opset 11) is declared for PolaPVTv2's blocks only."""
+
+        class PVTv2PolaLayer(pvt.PVTEncoderLayer):
+            """mmdet's ``PVTEncoderLayer`` with its attention a :class:`PVTv2PolaAttention`
+            (Pola, the block of an 'L' stage); norms, FFN (``MixFFN``, the depthwise-conv
+            FFN) and ``forward`` are mmdet's.
+
+            Args:
+                embed_dims (int): Channels C of the tokens.
+                num_heads (int): Attention heads (C must be divisible by them).
+                feedforward_channels (int): Hidden channels of the FFN.
+                la_sr_ratio (int): Spatial reduction of the keys/values. Default: 1.
+                pos_grid (Sequence[int]): (H0, W0), the token grid at pretraining.
+                    Default: (56, 56).
+                alpha (float): Pola exponent ``1 + alpha * sigmoid(power)``. Default: 4.0.
+                kernel_size (int): Pola depthwise-conv kernel. Default: 5.
+                qkv_bias (bool): Bias of the query/key/value/gate projections.
+                    Default: True.
+                drop_rate (float): Dropout after the attention projection and in the
+                    FFN. Default: 0.
+                drop_path_rate (float): Stochastic depth of both branches. Default: 0.
+                norm_cfg (dict): The two pre-norms. Default: ``dict(type='LN', eps=1e-6)``.
+                act_cfg (dict): FFN activation. Default: ``dict(type='GELU')``.
+                init_cfg (dict, optional): mmengine initialisation config. Default: None.
+
+            mmdet's ``__init__`` builds its softmax attention (without reduction), which
+            this one replaces.
+            """
+
+            def __init__(self,
+                         embed_dims: int,
+                         num_heads: int,
+                         feedforward_channels: int,
+                         la_sr_ratio: int = 1,
+                         pos_grid: Sequence[int] = (56, 56),
+                         alpha: float = 4.0,
+                         kernel_size: int = 5,
+                         qkv_bias: bool = True,
+                         drop_rate: float = 0.,
+                         drop_path_rate: float = 0.,
+                         norm_cfg: dict = dict(type='LN', eps=1e-6),
+                         act_cfg: dict = dict(type='GELU'),
+                         init_cfg: Optional[dict] = None):
+                head_dims(embed_dims, num_heads)  # the named error before mmdet's assert
+                super().__init__(
+                    embed_dims,
+                    num_heads,
+                    feedforward_channels,
+                    drop_rate=drop_rate,
+                    drop_path_rate=drop_path_rate,
+                    qkv_bias=qkv_bias,
+                    act_cfg=act_cfg,
+                    norm_cfg=norm_cfg,
+                    use_conv_ffn=True,
+                    init_cfg=init_cfg)
+                self.attn = PVTv2PolaAttention(
+                    embed_dims,
+                    num_heads,
+                    la_sr_ratio=la_sr_ratio,
+                    pos_grid=pos_grid,
+                    drop_path_rate=drop_path_rate,
+                    alpha=alpha,
+                    kernel_size=kernel_size,
+                    qkv_bias=qkv_bias,
+                    proj_drop=drop_rate)
+
+        for cls in (PVTv2SoftmaxLayer, PVTv2PolaLayer):
+            cls.__qualname__ = cls.__name__  # a module attribute (see __getattr__)
+        register_graph_form(PVTv2SoftmaxLayer, captured_softmax_block)
+        _LAYERS.update(PVTv2SoftmaxLayer=PVTv2SoftmaxLayer, PVTv2PolaLayer=PVTv2PolaLayer)
+    return _LAYERS['PVTv2SoftmaxLayer'], _LAYERS['PVTv2PolaLayer']
+
+
+def __getattr__(name: str):
+    """The layer classes (:func:`layer_classes`) as attributes of the module (PEP 562;
+    pickling finds them by name too)."""
+    if name in ('PVTv2SoftmaxLayer', 'PVTv2PolaLayer'):
+        return dict(zip(('PVTv2SoftmaxLayer', 'PVTv2PolaLayer'), layer_classes()))[name]
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
+def _run_block(block: nn.Module,
+               x: Tensor,
+               hw_shape: Sequence[int],
+               encoding: Optional[Tensor] = None) -> Tensor:
+    """``block(x, hw_shape)``, mmdet's layer call, with ``encoding`` (the stage's resized
+    ``P`` of the block, or None) given to its Pola attention for the call."""
+    if encoding is None:
+        return block(x, hw_shape)
+    with block.attn.given_positional_encoding(encoding):
+        return block(x, hw_shape)
+
+
 class PVTv2Stage(ModuleList):
     """One PVTv2 stage as mmdet lays it out: ``[patch_embed, blocks, norm]`` (keys
     ``0.*``, ``1.{j}.*``, ``2.*``), run in turn.
 
     Args:
         patch_embed (nn.Module): mmdet's overlapping ``PatchEmbed``.
-        blocks (Sequence[nn.Module]): mmdet's ``PVTEncoderLayer`` ('S') or
-            :class:`PVTv2LinearBlock` ('L').
+        blocks (Sequence[nn.Module]): :class:`PVTv2SoftmaxLayer` ('S') or
+            :class:`PVTv2PolaLayer` ('L'), mmdet's ``PVTEncoderLayer`` both.
         norm (nn.Module): The norm after the stage.
         index (int): The stage's index (named in errors).
         sr_ratio (int): The spatial reduction of 'S' blocks, checked against the map
             (mmdet's reduction floors it: a map smaller than it leaves no key); None
-            for 'L' stages, which take any map. Under a graph capture 'S' blocks run
-            :func:`captured_softmax_block`.
+            for 'L' stages, which take any map.
         with_cp (bool): Gradient checkpointing per block. Default: False.
 
     Input: a map (B, C_in, H, W). Output: normed tokens (B, h*w, C) and their grid (h, w).
@@ -188,9 +319,8 @@ class PVTv2Stage(ModuleList):
         x, hw_shape = patch_embed(x)
         check_sizes(lambda: self._check_map(hw_shape))
         encodings = self._pos_encodings([b.attn for b in blocks], hw_shape)
-        if self.sr_ratio is not None:
-            blocks = captured_blocks(blocks, captured_softmax_block)
-        x = run_blocks(blocks, x, hw_shape, self.with_cp, encodings)
+        calls = [partial(_run_block, b) for b in blocks]
+        x = run_blocks(calls, x, hw_shape, self.with_cp, encodings)
         return norm(x), hw_shape
 
 
@@ -202,7 +332,7 @@ class PolaPVTv2(PolaBackboneBase):
     embeddings (kernels 7/3/3/3, strides 4/2/2/2, paddings 3/1/1/1), a depthwise-conv FFN
     (``MixFFN``), no absolute position embedding, a norm after each stage. An 'S' stage
     is mmdet's ``PVTEncoderLayer`` (spatial-reduction softmax attention); an 'L' stage
-    differs in ``attn`` only, a :class:`PolaLinearAttention` (PVT projections ``qg`` /
+    too, but for its ``attn``, a :class:`PVTv2PolaAttention` (PVT projections ``qg`` /
     ``kv``). The state-dict keys are mmdet's (``layers.{i}.0.*`` patch embedding,
     ``layers.{i}.1.{j}.*`` blocks, ``layers.{i}.2.*`` stage norm): with ``attn_types='SSSS'``
     the model is mmdet's PVTv2 and loads its state dicts. Building one imports mmdet.
@@ -343,8 +473,9 @@ class PolaPVTv2(PolaBackboneBase):
 
     def _make_stage(self, i: int, in_channels: int, grid: Tuple[int, int], dpr: List[float],
                     attn_drop_rate: float, block_args: dict, pola_args: dict) -> PVTv2Stage:
-        """Stage ``i``: mmdet's overlapping patch embedding, its blocks ('S': mmdet's
-        ``PVTEncoderLayer``; 'L': :class:`PVTv2LinearBlock`), the stage norm."""
+        """Stage ``i``: mmdet's overlapping patch embedding, its blocks ('S':
+        :class:`PVTv2SoftmaxLayer`, mmdet's ``PVTEncoderLayer``; 'L':
+        :class:`PVTv2PolaLayer`, mmdet's layer with Pola attention), the stage norm."""
         pvt = _mmdet_pvt()
         arch = self.arch
         dims = arch['embed_dims'][i]
@@ -362,9 +493,10 @@ class PolaPVTv2(PolaBackboneBase):
             num_heads=arch['num_heads'][i],
             feedforward_channels=int(dims * arch['mlp_ratios'][i]),
             **block_args)
+        softmax_layer, pola_layer = layer_classes()
         if self.attn_types[i] == 'S':
             blocks = [
-                pvt.PVTEncoderLayer(
+                softmax_layer(
                     attn_drop_rate=attn_drop_rate,
                     drop_path_rate=rate,
                     sr_ratio=arch['sr_ratios'][i],
@@ -373,7 +505,7 @@ class PolaPVTv2(PolaBackboneBase):
             ]
         else:
             blocks = [
-                PVTv2LinearBlock(
+                pola_layer(
                     la_sr_ratio=self.la_sr_ratios[i],
                     pos_grid=grid,
                     drop_path_rate=rate,
