@@ -178,9 +178,10 @@ def _chunks(n: int, size: int = QUERY_CHUNK) -> Iterator[np.ndarray]:
 
 class PolaSite(Site):
     """A :class:`PolaLinearAttention` module in a block of a Pola backbone. A module whose
-    ``project`` puts keys that lie on no grid cell first (its ``off_grid_keys``, e.g. a
-    class token's key) has their weight in the ``'<stream>_off_map'`` of :meth:`~Site.maps`;
-    such keys count in the row's support."""
+    queries also attend to keys that lie on no grid cell (its ``off_grid_keys``, e.g. a
+    class token's key, first among the keys of its ``project_attended``) has their weight
+    in the ``'<stream>_off_map'`` of :meth:`~Site.maps`; such keys count in the row's
+    support."""
     streams = STREAMS
 
     def __init__(self, name: str, stage: int, block: int, attn: PolaLinearAttention,
@@ -236,8 +237,11 @@ class PolaSite(Site):
         return dict(bound.arguments)
 
     def _project_call(self):
-        """``PolaLinearAttention.project`` on the recorded call."""
-        return self.attn.project(**self._call_arguments())
+        """The module's ``project_attended`` (its queries with every key they attend to,
+        those off the grid first) or, where it has none, ``project``
+        (:meth:`PolaLinearAttention.project`), on the recorded call."""
+        project = getattr(self.attn, 'project_attended', self.attn.project)
+        return project(**self._call_arguments())
 
     def _project(self):
         if self._projected is None:

@@ -37,8 +37,6 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..models.backbones.pola_pvtv2 import PolaPVTv2  # PENDING
-from ..models.backbones.pola_vit import PolaViT  # PENDING
 from ..models.family import families
 from .memory import CpuMemory, CudaMemory, is_out_of_memory, limit_resident_memory, memory_note
 
@@ -64,72 +62,6 @@ def named_backbones() -> Dict[str, dict]:
     named = {}
     for family in families():
         named.update(family.benchmark())
-    names = {family.name for family in families()}
-    if 'pvtv2' not in names:  # PENDING
-        named.update(_pvtv2_backbones())
-    if 'vit' not in names:  # PENDING
-        named.update(_deit_backbones())
-    return named
-
-
-_PVTV2_ARCH = ('b0', 'b1', 'b2')  # PENDING
-_DEIT_ARCH = {'s': 'deit-small', 'b': 'deit-base'}  # PENDING
-
-
-def _pvtv2_backbones() -> Dict[str, dict]:
-    """Pola-PVTv2 b0-b2 beside mmdet's PyramidVisionTransformerV2 of the same size."""
-    named = {}
-    for arch in _PVTV2_ARCH:
-        sizes = {**PolaPVTv2._arch_defaults, **PolaPVTv2.arch_zoo[arch]}
-        config = f'configs/pola_pvtv2/mask-rcnn_{{}}pvtv2-{arch}_fpn_1x_coco.py'
-        named[f'pola-pvtv2-{arch}'] = dict(
-            scope=None,
-            cfg=dict(
-                type='PolaPVTv2',
-                arch=arch,
-                attn_types='LLLL',
-                drop_path_rate=0.1,
-                out_indices=(0, 1, 2, 3)),
-            config=config.format('pola-'))
-        named[f'pvtv2-{arch}'] = dict(
-            scope='mmdet',
-            cfg=dict(
-                type='PyramidVisionTransformerV2',
-                embed_dims=sizes['embed_dims'][0],
-                num_layers=list(sizes['depths'])),
-            config=config.format(''))
-    return named
-
-
-def _deit_backbones() -> Dict[str, dict]:
-    """Pola-DeiT-S/B beside the DeiT of the UperNet baselines (mmseg's
-    ``VisionTransformer``), both as the configs build them: 512x512 position grids, the
-    four 1/16 maps of blocks 2/5/8/11, no final norm."""
-    named = {}
-    for k, arch in _DEIT_ARCH.items():
-        config = f'configs/pola_vit/upernet_{{}}deit-{k}16_8xb2-80k_ade20k-512x512.py'
-        common = dict(out_indices=(2, 5, 8, 11), drop_path_rate=0.1)
-        named[f'pola-deit-{k}'] = dict(
-            scope=None,
-            cfg=dict(
-                type='PolaViT',
-                arch=arch,
-                img_size=(512, 512),
-                attn_types='L',
-                final_norm=False,
-                **common),
-            config=config.format('pola-'))
-        sizes = PolaViT.arch_zoo[arch]
-        named[f'deit-{k}'] = dict(
-            scope='mmseg',
-            cfg=dict(
-                type='VisionTransformer',
-                img_size=(512, 512),
-                embed_dims=sizes['embed_dims'],
-                num_layers=sizes['num_layers'],
-                num_heads=sizes['num_heads'],
-                **common),
-            config=config.format(''))
     return named
 
 

@@ -14,13 +14,14 @@ attention analysis and the reproduce kit read the registry (:func:`families`,
 This module imports nothing of the package, so that every family module and every tool
 can import it.
 """
+import importlib
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Pattern, Sequence, Tuple, Union
 
 __all__ = [
-    'BackboneFamily', 'register_family', 'unregister_family', 'families', 'family_of',
-    'family_named', 'config_set'
+    'BackboneFamily', 'register_family', 'register_family_module', 'unregister_family',
+    'families', 'family_of', 'family_named', 'config_set'
 ]
 
 
@@ -91,6 +92,21 @@ class BackboneFamily:
 
 
 _FAMILIES: Dict[str, BackboneFamily] = {}
+#: modules that register a family when imported, imported by :func:`families` first
+_LAZY_MODULES: List[str] = []
+
+
+def register_family_module(module: str) -> None:
+    """Note that importing ``module`` registers a family, for a family whose module is not
+    imported with the package (its backbone registered lazily because it imports a heavy
+    library): :func:`families` imports it before listing the families."""
+    if module not in _LAZY_MODULES:
+        _LAZY_MODULES.append(module)
+
+
+def _import_lazy_modules() -> None:
+    for module in list(_LAZY_MODULES):
+        importlib.import_module(module)
 
 
 def register_family(family: BackboneFamily) -> BackboneFamily:
@@ -124,12 +140,16 @@ def unregister_family(name: str) -> BackboneFamily:
 
 
 def families() -> List[BackboneFamily]:
-    """Every registered family, in registration order."""
+    """Every registered family, in registration order (the modules noted with
+    :func:`register_family_module` imported first)."""
+    _import_lazy_modules()
     return list(_FAMILIES.values())
 
 
 def family_named(name: str) -> BackboneFamily:
     """The family registered as ``name``; a KeyError naming the registered ones."""
+    if name not in _FAMILIES:
+        _import_lazy_modules()
     if name not in _FAMILIES:
         raise KeyError(f'no backbone family {name!r}; registered: {", ".join(_FAMILIES)}')
     return _FAMILIES[name]

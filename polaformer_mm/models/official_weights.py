@@ -18,7 +18,7 @@ import torch
 from ..utils.checkpoint_io import (atomic_save, is_local_checkpoint, load_checkpoint,
                                    strip_ddp_prefix)
 from ..version import __version__
-from .family import families
+from .family import family_named
 
 PVT_FAMILY, SWIN_FAMILY = 'pvt', 'swin'
 _SHOWN_BAD = 5  # non-finite tensors named in an error
@@ -208,11 +208,7 @@ def load_backbone_weights(checkpoint: str,
             "from a base config's model.pretrained (e.g. an mmseg ResNet), set "
             'pretrained=None') from err
     state_dict = extract_state_dict(obj, source=checkpoint)
-    read_release = next((f.read_release for f in families() if f.name == family), None)
-    if family == 'pvtv2' and read_release is None:  # PENDING
-        from mmdet.models.backbones.pvt import pvt_convert
-        read_release = (lambda sd: dict(pvt_convert(sd))
-                        if detect_official_family(sd) == PVT_FAMILY else None)
+    read_release = None if family is None else family_named(family).read_release
     released = None if read_release is None else read_release(state_dict)
     if released is not None:
         refuse_non_finite(state_dict, checkpoint, "init_cfg type='Pretrained'")

@@ -1,6 +1,6 @@
 """Registry entries whose module is imported on first look-up.
 
-A class whose module imports a heavy library (PolaViT builds on mmpretrain) should not
+A class whose module imports a heavy library (a backbone built on mmpretrain) should not
 cost every ``import polaformer_mm`` that import, yet configs name it by ``type`` like any
 other. :func:`register_lazily` notes the module of such a name in an mmengine
 :class:`~mmengine.registry.Registry`; the first look-up of the name (``get``, ``build``,

@@ -76,12 +76,13 @@ def _freeze(module: nn.Module) -> None:
 class PolaBackboneBase(BaseModule):
     """Common behaviour of the Pola backbones.
 
-    Subclasses set ``family`` ('pvt' or 'swin': the official model family, whose
-    checkpoints they load; 'vit', which has none), ``arch_zoo``, ``_arch_keys``,
-    ``_arch_defaults`` and ``_arch_stage_lists``, check their arguments with
-    :meth:`_check_common_args`, and implement ``forward_stages`` (yielding raw stage
-    tokens and their grid) and ``_frozen_modules`` (the modules ``frozen_stages``
-    covers). A single-resolution backbone (PolaViT) checks its own arguments, uses
+    Subclasses set ``family`` (the name of the family their module registers,
+    :mod:`polaformer_mm.models.family`; 'pvt' and 'swin' also name the official
+    checkpoints they load), ``arch_zoo``, ``_arch_keys``, ``_arch_defaults`` and
+    ``_arch_stage_lists``, check their arguments with :meth:`_check_common_args`, and
+    implement ``forward_stages`` (yielding raw stage tokens and their grid) and
+    ``_frozen_modules`` (the modules ``frozen_stages`` covers). A single-resolution
+    backbone (a plain transformer with a class token) checks its own arguments, uses
     :meth:`_setup_stages` with one "stage" per block, and has its own ``forward``
     (:meth:`_check_images` checks its input).
     """

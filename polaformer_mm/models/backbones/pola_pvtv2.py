@@ -7,10 +7,12 @@ The model is made of mmdet's own modules, imported when a model is built (so tha
 ``MixFFN``). Every block of every stage is a ``PVTEncoderLayer``: as it is in softmax
 ('S') stages (:class:`PVTv2SoftmaxLayer`), with its attention a
 :class:`PVTv2PolaAttention` in Pola ('L') stages (:class:`PVTv2PolaLayer`). The
-state-dict keys are mmdet's.
+state-dict keys are mmdet's. The PVTv2 family (:data:`FAMILY`: the softmax checkpoints it
+warm-starts from, its baseline, its configs) is declared at the end.
 """
 import contextlib
 import math
+import re
 from functools import partial
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -25,6 +27,9 @@ from torch import Tensor, nn
 
 from ...utils.graph_forms import register_graph_form
 from ..attention import AttentionInputs, PolaLinearAttention, head_dims, split_heads
+from ..checkpoint_layouts import (Builder, Converted, Layout, classifier_part, identity, lacks,
+                                  matches)
+from ..family import BackboneFamily, config_set, register_family
 from ..utils import (StagePositionalEncodings, check_sizes, drop_path_rates, nchw_to_nlc,
                      nlc_to_nchw, run_blocks, softmax_attention)
 from .base import PolaBackboneBase, check_mlp_ratios, check_positive_int, check_stage_list
@@ -168,6 +173,76 @@ def captured_softmax_block(block: nn.Module, x: Tensor, hw_shape: Sequence[int])
 _LAYERS: Dict[str, type] = {}
 
 
+def _pola_layer_class(pvt) -> type:
+    """:class:`PVTv2PolaLayer` on mmdet's ``pvt`` module (see :func:`layer_classes`)."""
+
+    class PVTv2PolaLayer(pvt.PVTEncoderLayer):
+        """mmdet's ``PVTEncoderLayer`` with its attention a :class:`PVTv2PolaAttention`
+        (Pola, the block of an 'L' stage); norms, FFN (``MixFFN``, the depthwise-conv
+        FFN) and ``forward`` are mmdet's.
+
+        Args:
+            embed_dims (int): Channels C of the tokens.
+            num_heads (int): Attention heads (C must be divisible by them).
+            feedforward_channels (int): Hidden channels of the FFN.
+            la_sr_ratio (int): Spatial reduction of the keys/values. Default: 1.
+            pos_grid (Sequence[int]): (H0, W0), the token grid at pretraining.
+                Default: (56, 56).
+            alpha (float): Pola exponent ``1 + alpha * sigmoid(power)``. Default: 4.0.
+            kernel_size (int): Pola depthwise-conv kernel. Default: 5.
+            qkv_bias (bool): Bias of the query/key/value/gate projections.
+                Default: True.
+            drop_rate (float): Dropout after the attention projection and in the
+                FFN. Default: 0.
+            drop_path_rate (float): Stochastic depth of both branches. Default: 0.
+            norm_cfg (dict): The two pre-norms. Default: ``dict(type='LN', eps=1e-6)``.
+            act_cfg (dict): FFN activation. Default: ``dict(type='GELU')``.
+            init_cfg (dict, optional): mmengine initialisation config. Default: None.
+
+        mmdet's ``__init__`` builds its softmax attention (without reduction), which
+        this one replaces.
+        """
+
+        def __init__(self,
+                     embed_dims: int,
+                     num_heads: int,
+                     feedforward_channels: int,
+                     la_sr_ratio: int = 1,
+                     pos_grid: Sequence[int] = (56, 56),
+                     alpha: float = 4.0,
+                     kernel_size: int = 5,
+                     qkv_bias: bool = True,
+                     drop_rate: float = 0.,
+                     drop_path_rate: float = 0.,
+                     norm_cfg: dict = dict(type='LN', eps=1e-6),
+                     act_cfg: dict = dict(type='GELU'),
+                     init_cfg: Optional[dict] = None):
+            head_dims(embed_dims, num_heads)  # the named error before mmdet's assert
+            super().__init__(
+                embed_dims,
+                num_heads,
+                feedforward_channels,
+                drop_rate=drop_rate,
+                drop_path_rate=drop_path_rate,
+                qkv_bias=qkv_bias,
+                act_cfg=act_cfg,
+                norm_cfg=norm_cfg,
+                use_conv_ffn=True,
+                init_cfg=init_cfg)
+            self.attn = PVTv2PolaAttention(
+                embed_dims,
+                num_heads,
+                la_sr_ratio=la_sr_ratio,
+                pos_grid=pos_grid,
+                drop_path_rate=drop_path_rate,
+                alpha=alpha,
+                kernel_size=kernel_size,
+                qkv_bias=qkv_bias,
+                proj_drop=drop_rate)
+
+    return PVTv2PolaLayer
+
+
 def layer_classes() -> Tuple[type, type]:
     """(:class:`PVTv2SoftmaxLayer`, :class:`PVTv2PolaLayer`), the blocks of 'S' and 'L'
     stages: subclasses of mmdet's ``PVTEncoderLayer`` (``forward`` and the state-dict
@@ -181,70 +256,7 @@ def layer_classes() -> Tuple[type, type]:
             its own so that its graph form (:func:`captured_softmax_block`, for ONNX
             opset 11) is declared for PolaPVTv2's blocks only."""
 
-        class PVTv2PolaLayer(pvt.PVTEncoderLayer):
-            """mmdet's ``PVTEncoderLayer`` with its attention a :class:`PVTv2PolaAttention`
-            (Pola, the block of an 'L' stage); norms, FFN (``MixFFN``, the depthwise-conv
-            FFN) and ``forward`` are mmdet's.
-
-            Args:
-                embed_dims (int): Channels C of the tokens.
-                num_heads (int): Attention heads (C must be divisible by them).
-                feedforward_channels (int): Hidden channels of the FFN.
-                la_sr_ratio (int): Spatial reduction of the keys/values. Default: 1.
-                pos_grid (Sequence[int]): (H0, W0), the token grid at pretraining.
-                    Default: (56, 56).
-                alpha (float): Pola exponent ``1 + alpha * sigmoid(power)``. Default: 4.0.
-                kernel_size (int): Pola depthwise-conv kernel. Default: 5.
-                qkv_bias (bool): Bias of the query/key/value/gate projections.
-                    Default: True.
-                drop_rate (float): Dropout after the attention projection and in the
-                    FFN. Default: 0.
-                drop_path_rate (float): Stochastic depth of both branches. Default: 0.
-                norm_cfg (dict): The two pre-norms. Default: ``dict(type='LN', eps=1e-6)``.
-                act_cfg (dict): FFN activation. Default: ``dict(type='GELU')``.
-                init_cfg (dict, optional): mmengine initialisation config. Default: None.
-
-            mmdet's ``__init__`` builds its softmax attention (without reduction), which
-            this one replaces.
-            """
-
-            def __init__(self,
-                         embed_dims: int,
-                         num_heads: int,
-                         feedforward_channels: int,
-                         la_sr_ratio: int = 1,
-                         pos_grid: Sequence[int] = (56, 56),
-                         alpha: float = 4.0,
-                         kernel_size: int = 5,
-                         qkv_bias: bool = True,
-                         drop_rate: float = 0.,
-                         drop_path_rate: float = 0.,
-                         norm_cfg: dict = dict(type='LN', eps=1e-6),
-                         act_cfg: dict = dict(type='GELU'),
-                         init_cfg: Optional[dict] = None):
-                head_dims(embed_dims, num_heads)  # the named error before mmdet's assert
-                super().__init__(
-                    embed_dims,
-                    num_heads,
-                    feedforward_channels,
-                    drop_rate=drop_rate,
-                    drop_path_rate=drop_path_rate,
-                    qkv_bias=qkv_bias,
-                    act_cfg=act_cfg,
-                    norm_cfg=norm_cfg,
-                    use_conv_ffn=True,
-                    init_cfg=init_cfg)
-                self.attn = PVTv2PolaAttention(
-                    embed_dims,
-                    num_heads,
-                    la_sr_ratio=la_sr_ratio,
-                    pos_grid=pos_grid,
-                    drop_path_rate=drop_path_rate,
-                    alpha=alpha,
-                    kernel_size=kernel_size,
-                    qkv_bias=qkv_bias,
-                    proj_drop=drop_rate)
-
+        PVTv2PolaLayer = _pola_layer_class(pvt)
         for cls in (PVTv2SoftmaxLayer, PVTv2PolaLayer):
             cls.__qualname__ = cls.__name__  # a module attribute (see __getattr__)
         register_graph_form(PVTv2SoftmaxLayer, captured_softmax_block)
@@ -556,3 +568,107 @@ class PolaPVTv2(PolaBackboneBase):
             x, hw_shape = stage(x)
             yield x, hw_shape
             x = nlc_to_nchw(x, hw_shape)
+
+
+# ------------------------------------------------------------------ the PVTv2 family
+def _pvtv2_official(state_dict: Dict[str, Tensor]) -> Converted:
+    """whai362/PVT (v2) keys (``patch_embed1``, ``block1.0.attn.q``, ``mlp.dwconv``,
+    ``norm1``) by mmdet's own ``pvt_convert`` to mmdet's PyramidVisionTransformerV2
+    keys, the twin's (the file key of every tensor found back by its storage; the
+    ``in_proj`` joined from ``q`` and ``kv``)."""
+    from mmdet.models.backbones.pvt import pvt_convert
+    out = Builder()
+    owner = {v.data_ptr(): k for k, v in state_dict.items()}
+    for key, value in pvt_convert(state_dict).items():
+        joined = re.match(r'^layers\.(\d+)\.1\.(\d+)\.attn\.attn\.in_proj_(weight|bias)$', key)
+        if joined:
+            block = f'block{int(joined[1]) + 1}.{joined[2]}.attn.'
+            q, kv = f'{block}q.{joined[3]}', f'{block}kv.{joined[3]}'
+            dims = state_dict[q].shape[0]
+            out.put(key, value, q, f'rows 0:{dims}, with {kv} as rows {dims}:{3 * dims}')
+            out.pieces[key] = [(0, dims, q), (dims, 3 * dims, kv)]
+            continue
+        source = owner.get(value.data_ptr(), key)
+        how = ('linear weight as a 1x1 conv'
+               if source in state_dict and state_dict[source].dim() != value.dim() else '')
+        out.put(key, value, source, how)
+    named = {o[0] for o in out.origin.values()}
+    named.update(p[2] for pieces in out.pieces.values() for p in pieces)
+    for key in state_dict:
+        if key not in named:
+            out.drop(key, classifier_part(key))
+    return out.result()
+
+
+def _pvtv2_benchmark() -> Dict[str, dict]:
+    """Pola-PVTv2 b0-b2 beside mmdet's PyramidVisionTransformerV2 of the same size."""
+    named = {}
+    for arch in ('b0', 'b1', 'b2'):
+        sizes = {**PolaPVTv2._arch_defaults, **PolaPVTv2.arch_zoo[arch]}
+        config = f'configs/pola_pvtv2/mask-rcnn_{{}}pvtv2-{arch}_fpn_1x_coco.py'
+        named[f'pola-pvtv2-{arch}'] = dict(
+            scope=None,
+            cfg=dict(
+                type='PolaPVTv2',
+                arch=arch,
+                attn_types='LLLL',
+                drop_path_rate=0.1,
+                out_indices=(0, 1, 2, 3)),
+            config=config.format('pola-'))
+        named[f'pvtv2-{arch}'] = dict(
+            scope='mmdet',
+            cfg=dict(
+                type='PyramidVisionTransformerV2',
+                embed_dims=sizes['embed_dims'][0],
+                num_layers=list(sizes['depths'])),
+            config=config.format(''))
+    return named
+
+
+def _read_pvtv2_release(state_dict: Dict[str, Tensor]) -> Optional[Dict[str, Tensor]]:
+    """An official PVTv2 file (whai362/PVT: ``patch_embed1.proj``, ``block1.0.attn.q``) in
+    mmdet's PyramidVisionTransformerV2 keys, by mmdet's own ``pvt_convert``, for
+    ``init_cfg=dict(type='Pretrained')``; None for any other file."""
+    if not any(k.startswith(('patch_embed1.', 'block1.')) for k in state_dict):
+        return None
+    from mmdet.models.backbones.pvt import pvt_convert
+    return dict(pvt_convert(state_dict))
+
+
+_PVTV2_RELEASE = (r'^patch_embed1\.proj\.weight$', r'^block1\.\d+\.mlp\.dwconv\.')
+_PVTV2_OWN = (r'^layers\.\d+\.0\.projection\.weight$', r'^layers\.\d+\.2\.weight$',
+              r'^layers\.\d+\.1\.\d+\.ffn\.layers\.1\.weight$')
+_PVTV2_SIZES = ('b0', 'b1', 'b2', 'b3', 'b4', 'b5')
+
+#: the PVTv2 family (:mod:`polaformer_mm.models.family`)
+FAMILY = register_family(
+    BackboneFamily(
+        name='pvtv2',
+        title='PVTv2',
+        backbone=PolaPVTv2,
+        layouts=(
+            Layout(
+                'pvtv2', "mmdet's PyramidVisionTransformerV2 (PolaPVTv2's own keys)",
+                lambda k: matches(k, *_PVTV2_OWN) and lacks(k, r'^layers\.\d+\.1\.0\.pos_embed$'),
+                identity),
+            Layout('pvtv2', 'the official PVTv2 release (whai362/PVT)',
+                   lambda k: matches(k, *_PVTV2_RELEASE) and lacks(k, r'^pos_embed1$'),
+                   _pvtv2_official),
+        ),
+        config_name='pvtv2',
+        config_title='PVTv2',
+        config_sizes='b[0-5]',
+        benchmark=_pvtv2_benchmark,
+        reproduce={
+            'mask-rcnn-1x':
+            config_set('pola_pvtv2', 'mask-rcnn_pola-pvtv2-{}_fpn_1x_coco.py', _PVTV2_SIZES,
+                       'pvtv2'),
+            'retinanet-1x':
+            config_set('pola_pvtv2', 'retinanet_pola-pvtv2-{}_fpn_1x_coco.py', _PVTV2_SIZES,
+                       'pvtv2'),
+            'semantic-fpn':
+            config_set('pola_pvtv2', 'fpn_pola-pvtv2-{}_4xb4-80k_ade20k-512x512.py',
+                       _PVTV2_SIZES[:3], 'pvtv2'),
+        },
+        attention_names=r'(?:^|\.)layers\.(?P<stage>\d+)\.1\.(?P<block>\d+)\.attn$',
+        read_release=_read_pvtv2_release))

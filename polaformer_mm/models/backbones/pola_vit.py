@@ -1,7 +1,9 @@
 """Pola-DeiT: mmpretrain's plain ViT at the DeiT sizes with polarity-aware linear
-attention, at any input size."""
+attention, at any input size; and the DeiT / ViT family (:data:`FAMILY`: the softmax
+checkpoints it warm-starts from, its baseline, its configs)."""
 import logging
 import math
+import re
 import warnings
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -23,8 +25,10 @@ from torch import Tensor
 from ...ops import pola_linear_attention
 from ...ops.pola_attention import pola_linear_attention_channels_first
 from ...utils.graph_forms import register_graph_form
-from ..attention import (PolaLinearAttention, channels_first_projection, linear_parts, merge_heads,
-                         split_heads, with_ones)
+from ..attention import (AttentionInputs, PolaLinearAttention, channels_first_projection,
+                         linear_parts, merge_heads, split_heads, with_ones)
+from ..checkpoint_layouts import Builder, Converted, Layout, matches
+from ..family import BackboneFamily, config_set, register_family
 from ..utils import (StagePositionalEncodings, check_sizes, drop_path_rates, nlc_to_nchw,
                      pad_for_patches, pad_to_multiple, resize_token_grid, run_blocks,
                      softmax_attention)
@@ -95,6 +99,25 @@ class PolaViTAttention(PolaLinearAttention):
             qkv_bias=qkv_bias,
             family='swin',
             proj_drop=proj_drop)
+
+    #: keys first among those of :meth:`project_attended` that lie on no grid cell: the
+    #: class token's
+    off_grid_keys = 1
+
+    def project_attended(self,
+                         x: Tensor,
+                         hw_shape: Sequence[int],
+                         pos_encoding: Optional[Tensor] = None) -> AttentionInputs:
+        """The inputs of the patch queries' linear attention for the tokens ``x``
+        (B, 1 + H*W, C), the class token first, with every key they attend to (the
+        attention analysis reads them): as :meth:`PolaLinearAttention.project` of the
+        patches, the class token's key (without ``P``, divided by ``softplus(scale)`` as
+        the op divides every key) first among the keys."""
+        (q, k, v, g, eps, key_hw), scale = self._project(
+            x[:, 1:], hw_shape, pos_encoding=pos_encoding, divide=True)
+        k_cls = linear_parts(self.qkvg, x[:, :1], 4)[1]
+        k_cls = split_heads(k_cls, self.num_heads, self.head_dims) / scale
+        return AttentionInputs(q, torch.cat([k_cls, k], dim=2), v, g, eps, key_hw)
 
     def forward(self,
                 x: Tensor,
@@ -646,3 +669,127 @@ def _key_list(keys: Sequence[str]) -> str:
         for rest, j in blocks.items()
     ]
     return ', '.join(plain)
+
+
+# ------------------------------------------------------------------ the DeiT / ViT family
+_DEIT_BLOCK = [('norm1.', 'ln1.'), ('norm2.', 'ln2.'), ('attn.', 'attn.'),
+               ('mlp.fc1.', 'ffn.layers.0.0.'), ('mlp.fc2.', 'ffn.layers.1.')]
+
+
+def _drop_distillation(out: Builder, state_dict: Dict[str, Tensor], key: str) -> None:
+    """A distilled DeiT's ``dist_token`` and its row (1) of the position embedding."""
+    value = state_dict[key]
+    if 'dist_token' in state_dict:
+        out.put('pos_embed', torch.cat([value[:, :1], value[:, 2:]], dim=1), key,
+                'distillation-token row dropped')
+    else:
+        out.put('pos_embed', value, key)
+
+
+def _vit_mm(state_dict: Dict[str, Tensor]) -> Converted:
+    """mmpretrain's VisionTransformer keys (the twin's); a distilled DeiT's
+    distillation token is dropped."""
+    out = Builder()
+    for key, value in state_dict.items():
+        if key == 'dist_token':
+            out.drop(key, 'distillation token')
+        elif key == 'pos_embed':
+            _drop_distillation(out, state_dict, key)
+        else:
+            out.put(key, value, key)
+    return out.result()
+
+
+def _vit_official(state_dict: Dict[str, Tensor]) -> Converted:
+    """The official DeiT / timm ViT keys: ``cls_token``, ``pos_embed``,
+    ``patch_embed.proj``, ``blocks.{j}`` (``norm1``, ``attn.qkv``, ``attn.proj``,
+    ``norm2``, ``mlp.fc1``, ``mlp.fc2``), ``norm``, ``head`` (and ``dist_token`` /
+    ``head_dist`` of the distilled models) -> mmpretrain's VisionTransformer keys."""
+    out = Builder()
+    for key, value in state_dict.items():
+        block = re.match(r'^blocks\.(\d+)\.(.+)$', key)
+        if key.startswith(('head.', 'head_dist.')):
+            out.drop(key, 'classifier head')
+        elif key == 'dist_token':
+            out.drop(key, 'distillation token')
+        elif key == 'pos_embed':
+            _drop_distillation(out, state_dict, key)
+        elif key.startswith('patch_embed.proj.'):
+            out.put(key.replace('.proj.', '.projection.', 1), value, key)
+        elif key.startswith('norm.'):
+            out.put('ln1.' + key[len('norm.'):], value, key)
+        elif block:
+            rest = block[2]
+            for old, new in _DEIT_BLOCK:
+                if rest.startswith(old):
+                    rest = new + rest[len(old):]
+                    break
+            out.put(f'layers.{block[1]}.{rest}', value, key)
+        else:
+            out.put(key, value, key)
+    return out.result()
+
+
+def _deit_benchmark() -> Dict[str, dict]:
+    """Pola-DeiT-S/B beside the DeiT of the UperNet baselines (mmseg's
+    ``VisionTransformer``), both as the configs build them (the Pola one's grids at 224,
+    resized at run time; the baseline's position table at 512), the four 1/16 maps of
+    blocks 2/5/8/11, no final norm."""
+    named = {}
+    for k, arch in (('s', 'deit-small'), ('b', 'deit-base')):
+        config = f'configs/pola_vit/upernet_{{}}deit-{k}16_8xb2-80k_ade20k-512x512.py'
+        common = dict(out_indices=(2, 5, 8, 11), drop_path_rate=0.1)
+        named[f'pola-deit-{k}'] = dict(
+            scope=None,
+            cfg=dict(
+                type='PolaViT',
+                arch=arch,
+                pretrain_img_size=224,
+                attn_types='L',
+                final_norm=False,
+                **common),
+            config=config.format('pola-'))
+        sizes = PolaViT.arch_zoo[arch]
+        named[f'deit-{k}'] = dict(
+            scope='mmseg',
+            cfg=dict(
+                type='VisionTransformer',
+                img_size=(512, 512),
+                embed_dims=sizes['embed_dims'],
+                num_layers=sizes['num_layers'],
+                num_heads=sizes['num_heads'],
+                **common),
+            config=config.format(''))
+    return named
+
+
+_VIT_OFFICIAL = (r'^cls_token$', r'^patch_embed\.proj\.weight$',
+                 r'^blocks\.\d+\.attn\.qkv\.weight$')
+_VIT_MM = (r'^cls_token$', r'^patch_embed\.projection\.weight$',
+           r'^layers\.\d+\.attn\.qkv\.weight$')
+_DEIT_UPERNET = 'upernet_pola-deit-{{}}16{}_8xb2-{}_ade20k-512x512.py'  # neck, schedule
+
+#: the DeiT / ViT family (:mod:`polaformer_mm.models.family`)
+FAMILY = register_family(
+    BackboneFamily(
+        name='vit',
+        title='DeiT / ViT',
+        backbone=PolaViT,
+        layouts=(
+            Layout('vit', "mmpretrain's VisionTransformer (PolaViT's own keys)",
+                   lambda k: matches(k, *_VIT_MM), _vit_mm),
+            Layout('vit', 'the official DeiT / timm ViT release',
+                   lambda k: matches(k, *_VIT_OFFICIAL), _vit_official),
+        ),
+        config_name='deit',
+        config_title='DeiT',
+        config_sizes='[tsb]',
+        config_size_suffix='16',
+        benchmark=_deit_benchmark,
+        reproduce={
+            'upernet': config_set('pola_vit', _DEIT_UPERNET.format('', '160k'), 'sb', 'deit'),
+            'upernet-80k': config_set('pola_vit', _DEIT_UPERNET.format('', '80k'), 'sb', 'deit'),
+            'upernet-mln': config_set('pola_vit', _DEIT_UPERNET.format('_mln', '160k'), 'sb',
+                                      'deit'),
+        },
+        attention_names=r'(?:^|\.)layers\.(?P<block>\d+)\.attn$'))

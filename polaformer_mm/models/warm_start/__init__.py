@@ -1,4 +1,5 @@
-"""Warm start of Pola backbones from softmax checkpoints (PVT, Swin, PVTv2, DeiT).
+"""Warm start of Pola backbones from softmax checkpoints (of every registered family:
+:mod:`polaformer_mm.models.family`).
 
 ``init_cfg=dict(type='WarmStart', checkpoint=..., prefix=...)`` on a Pola backbone, or
 :func:`warm_start` on a built one, or ``tools/model_converters/softmax2pola.py`` for a
@@ -10,6 +11,7 @@ from mmengine.model.weight_init import BaseInit
 from mmengine.registry import WEIGHT_INITIALIZERS
 
 from ..backbones.base import PolaBackboneBase
+from ..family import families
 from .convert import build_backbone, convert_softmax_checkpoint
 from .core import WarmStartError, backbone_family, softmax_twin, warm_start, warm_start_from_cfg
 from .layouts import Layout, all_layouts
@@ -51,6 +53,6 @@ class WarmStartInit(BaseInit):
             (name for name, m in module.named_modules() if isinstance(m, PolaBackboneBase)), None)
         where = (f"; put it on the Pola backbone's init_cfg (model.{inner}.init_cfg)"
                  if inner else '')
-        raise TypeError(f"init_cfg type='WarmStart' warm-starts a Pola backbone (PolaPVT, "
-                        f'PolaSwin, PolaPVTv2, PolaViT) from softmax weights; it was set on '
-                        f'a {type(module).__name__}{where}')
+        known = ', '.join(family.backbone.__name__ for family in families())
+        raise TypeError(f"init_cfg type='WarmStart' warm-starts a Pola backbone ({known}) "
+                        f'from softmax weights; it was set on a {type(module).__name__}{where}')

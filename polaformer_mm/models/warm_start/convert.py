@@ -12,6 +12,7 @@ from ...utils.checkpoint_io import atomic_save
 from ...utils.output_paths import OutputPathError, check_output_file
 from ...version import __version__
 from ..backbones.base import PolaBackboneBase
+from ..family import families
 from ..official_weights import refuse_same_file
 from .core import backbone_family, describe, warm_start
 from .report import WarmStartReport
@@ -49,8 +50,9 @@ def build_backbone(cfg: dict) -> PolaBackboneBase:
     from mmengine.registry import MODELS
     cls = MODELS.get(cfg.get('type')) if isinstance(cfg.get('type'), str) else cfg.get('type')
     if not (isinstance(cls, type) and issubclass(cls, PolaBackboneBase)):
+        known = ', '.join(family.backbone.__name__ for family in families())
         raise TypeError(f'{cfg.get("type")!r} is not a Pola backbone; the warm start builds '
-                        'PolaPVT, PolaSwin, PolaPVTv2 or PolaViT')
+                        f'{known}')
     module = MODELS.build(dict(cfg))
     backbone_family(module)
     return module

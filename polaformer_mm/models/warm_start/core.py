@@ -28,7 +28,7 @@ from ..attention import PolaLinearAttention
 from ..backbones.base import PolaBackboneBase
 from ..family import families, family_named, family_of
 from ..official_weights import extract_state_dict, refuse_non_finite
-from .layouts import PENDING_BACKBONES, POLA_KEYS, Converted, Layout, find_layout, layouts_of
+from .layouts import POLA_KEYS, Converted, Layout, find_layout, layouts_of
 from .report import WarmStartReport
 from .translate import translate
 
@@ -46,9 +46,6 @@ def backbone_family(backbone: nn.Module) -> str:
     """The name of the registered family of a Pola backbone (or of a subclass of one's
     class), e.g. 'pvt' (:func:`polaformer_mm.models.family.family_of`)."""
     family = family_of(backbone)
-    for cls in type(backbone).__mro__:  # PENDING
-        if family is None and cls.__name__ in PENDING_BACKBONES:
-            return PENDING_BACKBONES[cls.__name__][0]
     if family is None:
         known = ', '.join(f.backbone.__name__ for f in families())
         raise TypeError(f'a warm start needs a Pola backbone ({known}), '
@@ -58,9 +55,6 @@ def backbone_family(backbone: nn.Module) -> str:
 
 def _title(family: str) -> str:
     """The family ``family`` in messages, e.g. 'PVT v1'."""
-    for name, title in PENDING_BACKBONES.values():  # PENDING
-        if name == family:
-            return title
     return family_named(family).title
 
 
