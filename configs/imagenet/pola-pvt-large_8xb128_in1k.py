@@ -11,9 +11,10 @@
 # overrides are not applied here: these configs keep the common recipe above.
 # Drop path 0.3 (official PVT / FLatten-PVT).
 #
-# Evaluate a converted official checkpoint (tools/model_converters/official2mm.py):
+# Evaluate a checkpoint of this model (the official PolaFormer release has no Pola-PVT-L
+# weights, only Pola-PVT-T/S and Pola-Swin-T/S/B):
 #   python tools/test.py configs/imagenet/pola-pvt-large_8xb128_in1k.py \
-#       checkpoints/pola_pvt_l_mm.pth
+#       work_dirs/pola-pvt-large_8xb128_in1k/epoch_300.pth
 # Test pipeline: short side 256 (bicubic), centre crop 224, as the official TEST.CROP.
 # Only the backbone differs from pola-pvt-tiny_8xb128_in1k.py.
 _base_ = './pola-pvt-tiny_8xb128_in1k.py'

@@ -179,6 +179,7 @@ def convert_official_checkpoint(src: str, dst: str) -> Dict[str, torch.Tensor]:
         raise ValueError(f'DST {dst!r} is an existing directory: give the path of the file '
                          f'to write, e.g. {osp.join(dst, "converted.pth")!r}')
     state_dict = extract_state_dict(load_checkpoint(src, what='official checkpoint'), source=src)
+    refuse_non_finite(state_dict, src, 'official2mm.py')
     family = detect_official_family(state_dict)
     converted = convert_official_state_dict(state_dict)
     meta = dict(

@@ -118,3 +118,25 @@ def test_refuses_to_overwrite_its_source(golden_dir, tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         'alias', 'converted.pth', 'hard.pth', 'link.pth', 'official.pth', 'sub'
     ]
+
+
+def test_cli_refuses_an_official_file_with_nan_weights(golden_dir, tmp_path):
+    """A damaged official file (NaN in a tensor) is named, with its first bad key, and
+    nothing is written."""
+    data = load_golden(golden_dir, 'pola_pvt_micro_LLLL.pt')
+    state = {k: v.clone() for k, v in data['state_dict'].items()}
+    key = next(k for k, v in state.items() if v.is_floating_point() and 'attn.q' in k)
+    state[key].view(-1)[0] = float('nan')
+    src = save_official(tmp_path / 'official_nan.pth', state)
+    proc = subprocess.run([
+        sys.executable,
+        osp.join(REPO, 'tools/model_converters/official2mm.py'),
+        str(src),
+        str(tmp_path / 'out.pth')
+    ],
+                          capture_output=True,
+                          text=True)
+    assert proc.returncode == 1, proc.stdout
+    assert 'not finite' in proc.stderr and key in proc.stderr, proc.stderr
+    assert 'Traceback' not in proc.stderr
+    assert not osp.exists(tmp_path / 'out.pth')
