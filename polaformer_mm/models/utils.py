@@ -25,7 +25,7 @@ makes that choice itself, once, and the layers only call it:
 The attention op itself decides in its dispatch (:mod:`polaformer_mm.ops.pola_attention`).
 """
 from functools import lru_cache
-from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -263,7 +263,7 @@ class WindowLayout(NamedTuple):
 
 
 def window_layout(hw_shape: Sequence[int],
-                  window_size: int,
+                  window_size: Union[int, Tuple[int, int]],
                   shifted: bool,
                   device: torch.device,
                   dtype: torch.dtype,
@@ -276,8 +276,11 @@ def window_layout(hw_shape: Sequence[int],
     sizes it was captured at. The softmax mask is given in ``dtype``; with
     ``softmax_mask=False`` (the linear windows, which take the padding only) it is
     None, never computed: it holds T x T values per window, where T is the window's
-    token count (3136 for the 56 x 56 windows of Pola-Swin)."""
-    ws = window_size
+    token count (3136 for the 56 x 56 windows of Pola-Swin). ``window_size`` is an int
+    (square windows) or a pair ``(wh, ww)`` (the balanced windows of
+    :func:`~polaformer_mm.models.window_geometry.balanced_window`; 0-dim tensors in a
+    graph capture)."""
+    ws = tuple(window_size) if isinstance(window_size, (tuple, list)) else window_size
     if graph_capture():
         H, W = hw_shape
         to_windows, from_windows, regions = captured_window_layout(H, W, ws, shifted, device)

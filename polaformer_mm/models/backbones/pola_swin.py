@@ -6,6 +6,7 @@ from typing import Dict, Iterator, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from mmcv.cnn import build_norm_layer
 from mmcv.cnn.bricks import DropPath
 from mmengine.model import BaseModule
@@ -18,6 +19,7 @@ from ..family import BackboneFamily, config_set, register_family
 from ..official_weights import SWIN_RULES
 from ..utils import (Mlp, PatchEmbed, StagePositionalEncodings, drop_path_rates, pad_to_multiple,
                      run_blocks, token_rows, window_layout)
+from ..window_geometry import balanced_window, padded_size
 from .base import PolaBackboneBase, check_positive_int
 
 
@@ -42,6 +44,18 @@ def check_window_fits(window_size: int, attn_types: str, grids: Sequence[Tuple[i
             '384 Swin-B 12), or set pretrain_img_size to the size the model is trained at')
 
 
+LINEAR_WINDOW_LAYOUTS = ('official', 'balanced')
+
+
+def check_linear_window_layout(layout: str) -> str:
+    """``layout`` when it is one of :data:`LINEAR_WINDOW_LAYOUTS`; a ValueError naming it
+    otherwise."""
+    if layout not in LINEAR_WINDOW_LAYOUTS:
+        raise ValueError(f'linear_window_layout must be one of {LINEAR_WINDOW_LAYOUTS}, '
+                         f'got {layout!r}')
+    return layout
+
+
 class SwinBlock(BaseModule):
     """Swin block: ``x + attn(norm1(x))``, then ``x + mlp(norm2(x))``.
 
@@ -50,7 +64,11 @@ class SwinBlock(BaseModule):
     zero-padded to a multiple of the window, shifted blocks roll it by half a
     window when it is larger than the window along both sides, no shift mask is
     applied, padded tokens take no part) or, with ``linear_window_size=None``, over
-    the whole map at once (never shifted, ``P`` resized to the map). 'S' blocks run
+    the whole map at once (never shifted, ``P`` resized to the map). With
+    ``linear_window_layout='balanced'`` the windows of an 'L' block are balanced over
+    the map instead: as many windows per axis as the official form takes, each of
+    :func:`~polaformer_mm.models.window_geometry.balanced_window` tokens (at most
+    ``linear_window_size``, ``P`` resized to it), shifted by half of it. 'S' blocks run
     window softmax attention with ``window_size``, shifted blocks with the Swin
     shift mask.
 
@@ -66,6 +84,9 @@ class SwinBlock(BaseModule):
         pos_grid (Sequence[int]): Grid of the 'L' block's positional encoding:
             the window, or for the global form the stage's grid at pretraining.
             Default: (56, 56).
+        linear_window_layout (str): 'official' (windows of ``linear_window_size``,
+            the map padded to multiples of it) or 'balanced' (windows balanced over
+            the map). Default: 'official'.
         alpha (float): Pola exponent ``1 + alpha * sigmoid(power)``. Default: 4.0.
         kernel_size (int): Pola depthwise-conv kernel. Default: 5.
         mlp_ratio (float): Hidden width of the MLP as a multiple of C. Default: 4.
@@ -89,6 +110,7 @@ class SwinBlock(BaseModule):
                  shifted: bool = False,
                  linear_window_size: Optional[int] = None,
                  pos_grid: Sequence[int] = (56, 56),
+                 linear_window_layout: str = 'official',
                  alpha: float = 4.0,
                  kernel_size: int = 5,
                  mlp_ratio: float = 4.,
@@ -104,6 +126,8 @@ class SwinBlock(BaseModule):
             raise ValueError(f"attn_type must be 'L' or 'S', got {attn_type!r}")
         self.uses_pola = attn_type == 'L'
         self.shifted = bool(shifted)
+        self.balanced = (
+            self.uses_pola and check_linear_window_layout(linear_window_layout) == 'balanced')
         self.norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
         if self.uses_pola:
             # None: one global window; an int: windows whose grid is also P's
@@ -138,20 +162,33 @@ class SwinBlock(BaseModule):
         return self.uses_pola and self.window_size is not None
 
     def _window_attention(self, x: Tensor, hw_shape: Sequence[int]) -> Tensor:
-        """Attention within the (shifted) windows of the map (``window_size``), the
-        layout and masks of :func:`~polaformer_mm.models.utils.window_layout`: the map
-        padded to multiples of the window, rolled and laid out as windows in one
-        gather, and back."""
+        """Attention within the (shifted) windows of the map (``window_size``, or the
+        balanced windows), the layout and masks of
+        :func:`~polaformer_mm.models.utils.window_layout`: the map padded to multiples
+        of the window, rolled and laid out as windows in one gather, and back."""
         H, W = hw_shape
         B, N, C = x.shape
         ws = self.window_size
-        layout = window_layout(
-            hw_shape, ws, self.shifted, x.device, x.dtype, softmax_mask=not self.uses_pola)
-        x = pad_to_multiple(x.view(B, H, W, C).permute(0, 3, 1, 2), ws).permute(0, 2, 3, 1)
-        windows = x.reshape(B, -1, C).index_select(1, layout.to_windows).view(-1, ws * ws, C)
+        x = x.view(B, H, W, C)
+        if self.balanced:
+            wh, ww = balanced_window(H, ws), balanced_window(W, ws)
+            layout = window_layout((H, W), (wh, ww),
+                                   self.shifted,
+                                   x.device,
+                                   x.dtype,
+                                   softmax_mask=False)
+            pad_h, pad_w = padded_size(H, wh) - H, padded_size(W, ww) - W
+            if isinstance(pad_h, Tensor) or pad_h or pad_w:
+                x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h))
+        else:
+            wh = ww = ws
+            layout = window_layout(
+                hw_shape, ws, self.shifted, x.device, x.dtype, softmax_mask=not self.uses_pola)
+            x = pad_to_multiple(x.permute(0, 3, 1, 2), ws).permute(0, 2, 3, 1)
+        windows = x.reshape(B, -1, C).index_select(1, layout.to_windows).view(-1, wh * ww, C)
         if self.uses_pola:
             padding = None if layout.padding is None else layout.padding.repeat(B, 1)
-            windows = self.attn(windows, (ws, ws), padding_mask=padding)
+            windows = self.attn(windows, (wh, ww), padding_mask=padding)
         else:
             windows = self.attn(windows, layout.mask)
         return windows.view(B, -1, C).index_select(1, layout.from_windows)
@@ -287,6 +324,13 @@ class PolaSwin(PolaBackboneBase):
             96 and 48 for the 384 Swin-B), the official computation; None gives
             one window over the whole map. How both forms run at any input size:
             docs/user_guides/config.md, "Any input size". Default: 56.
+        linear_window_layout (str): How the windows of the 'L' stages lie on a map
+            that is not a multiple of them: 'official' pads the map to multiples of
+            the window; 'balanced' splits each side into as many windows as the
+            official layout, of ``ceil(side / count)`` tokens each (at most the
+            window; ``P`` resized to them), so that fewer than ``count`` tokens per
+            side are padding. Both are the same at ``pretrain_img_size`` and wherever
+            the map is a multiple of the window. Default: 'official'.
         pretrain_img_size (int | tuple): Input size at pretraining; sets the stage
             grids (56x56, 28x28, ... at 224) the windows and the positional
             encodings of the 'L' stages derive from. Default: 224.
@@ -340,6 +384,7 @@ class PolaSwin(PolaBackboneBase):
                  attn_types: str = 'LLSS',
                  window_size: int = 7,
                  linear_window_size: Optional[int] = 56,
+                 linear_window_layout: str = 'official',
                  pretrain_img_size: Union[int, Sequence[int]] = 224,
                  patch_size: int = 4,
                  in_channels: int = 3,
@@ -368,6 +413,7 @@ class PolaSwin(PolaBackboneBase):
         check_window_fits(window_size, self.attn_types, grids, pretrain_img_size)
         if linear_window_size is not None:
             linear_window_size = check_positive_int('linear_window_size', linear_window_size)
+        self.linear_window_layout = check_linear_window_layout(linear_window_layout)
         if not mlp_ratio > 0:
             raise ValueError(f'mlp_ratio must be > 0, got {mlp_ratio}')
         self.arch = arch
@@ -382,6 +428,7 @@ class PolaSwin(PolaBackboneBase):
             with_cp=with_cp,
             norm_cfg=norm_cfg,
             window_size=window_size,
+            linear_window_layout=linear_window_layout,
             alpha=alpha,
             kernel_size=kernel_size,
             mlp_ratio=mlp_ratio,
