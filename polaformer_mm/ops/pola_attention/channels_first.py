@@ -17,9 +17,7 @@ slice and concatenation and run every element-wise operator as its own pass over
   :math:`(e_q A + f_q F S) / 2` (``S`` the signs +1 for the same-signed stream's value
   channels, -1 for the opposite stream's), and their denominators
   :math:`(e_q \bar e_k \pm f_q \bar f_k) / 2` (bars: key means): two products with
-  (d, d) weights give the numerators, two with (2, d) weights the denominators (products
-  of their own rather than rows of one joint product, whose slices a graph runtime
-  would copy).
+  (d + 2, d) weights give both, laid out as (2 streams, value channels + denominator).
 * Padding keys are given by ``key_weights`` (0 for padding, 1 for a real key) rather
   than by zero keys: the key means are products with that column, and the caller passes
   values that are zero there (as the depthwise conv of the values needs them anyway), so
@@ -70,6 +68,16 @@ def _magnitude_and_signed(x: Tensor, p: Tensor) -> Tuple[Tensor, Tensor, Tensor]
     shift = scaled.max(dim=-1, keepdim=True)[0].clamp_min(0)
     e = torch.exp((scaled - shift).clamp_min(exp_floor(x.dtype)))
     return e, e * (x / magnitude), shift
+
+
+def _stream_rows(weights: Tensor, means: Tensor, signs: Tuple[float, float], d: int) -> Tensor:
+    """The (.., d + 2, d) left factor of one kind of query feature: the rows of
+    ``weights`` (.., d, d) (value channel x feature channel) for the same-signed stream,
+    then ``signs[0] * means`` (.., 1, d), then the opposite stream's rows, then
+    ``signs[1] * means``."""
+    dv = value_split(d)
+    return torch.cat(
+        [weights[..., :dv, :], means * signs[0], weights[..., dv:, :], means * signs[1]], dim=-2)
 
 
 def pola_linear_attention_channels_first(q: Tensor,
@@ -124,23 +132,22 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: float, eps: E
     weights_f = torch.matmul(v, k_f.transpose(-2, -1)) * channel_factors
     signs = torch.tensor([1.] * dv + [-1.] * (d - dv), dtype=q.dtype, device=q.device)
     weights_f = weights_f * signs.view(d, 1)
-    # key means / 2 as rows: (.., 1, d); both streams' denominator rows: (.., 2, d)
+    # key means / 2 as rows: (.., 1, d)
     means_e = torch.matmul(k_e, key_weights).transpose(-2, -1) * channel_factors
     means_f = torch.matmul(k_f, key_weights).transpose(-2, -1) * channel_factors
-    means_e = torch.cat([means_e, means_e], dim=-2)
-    means_f = torch.cat([means_f, -means_f], dim=-2)
-    # numerators (.., d, N) and denominators (.., 2, N) as products of their own, so that
-    # no slice of a joint product is copied
-    numerators = torch.matmul(weights_e, q_e) + torch.matmul(weights_f, q_f)
-    denominators = torch.matmul(means_e, q_e) + torch.matmul(means_f, q_f)
+    # (.., d + 2, N): the same-signed stream's numerators and denominator, then the
+    # opposite stream's
+    joint = (
+        torch.matmul(_stream_rows(weights_e, means_e, (1., 1.), d), q_e)
+        + torch.matmul(_stream_rows(weights_f, means_f, (1., -1.), d), q_f))
     if isinstance(eps, Tensor):
         eps = eps.to(q.dtype)
     eps_scaled = torch.exp((-total).clamp_min(exp_floor(q.dtype)))
     eps_scaled = (eps_scaled * eps).clamp_min(torch.finfo(q.dtype).tiny)  # (B, h, 1, 1)
-    denominators = denominators + eps_scaled
     if 2 * dv == d:  # both streams d / 2 wide: one broadcast division
-        out = numerators.reshape(B, h, 2, dv, N) / denominators.unsqueeze(3)
+        joint = joint.reshape(B, h, 2, dv + 1, N)
+        out = joint[:, :, :, :dv] / (joint[:, :, :, dv:] + eps_scaled.unsqueeze(2))
         return out.reshape(B, h, d, N)
-    same = numerators[:, :, :dv] / denominators[:, :, :1]
-    opposite = numerators[:, :, dv:] / denominators[:, :, 1:]
+    same = joint[:, :, :dv] / (joint[:, :, dv:dv + 1] + eps_scaled)
+    opposite = joint[:, :, dv + 1:d + 1] / (joint[:, :, d + 1:] + eps_scaled)
     return torch.cat([same, opposite], dim=2)
