@@ -390,3 +390,45 @@ def test_tool_on_pvtv2_and_vit(family, text, blocks, tmp_path):
             assert (maps[f'{stream}_off_map'] > 0).all()
         else:
             assert (maps[f'{stream}_off_map'] == 0).all()
+
+
+def test_balanced_windows_weights_reproduce_the_module_outputs(swin_configs):
+    """With ``linear_window_layout='balanced'`` (stage 1 of 20 x 16 tokens: windows of
+    5 x 6), the drawn weights times the values give the op's output at every token: the
+    sites take the block's own windows, per axis."""
+    from polaformer_mm.models.utils import window_layout
+    cfg = load_config(swin_configs['pola'])
+    cfg.model.backbone.linear_window_layout = 'balanced'
+    model = build_model(cfg, None, 'cpu', seed=0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(('attn.power', 'positional_encoding')):
+                param.normal_()
+    prepared = prepare_image(cfg, model, IMAGE)
+    sites = collect_pola_sites(model.backbone, prepared.inputs)
+    assert [s.window for s in sites] == [(6, 0), (6, 3), ((5, 6), (0, 0)), ((5, 6), (2, 3))]
+    for site in sites:
+        args, kwargs = site.call
+        q, k, v, _, eps, _ = site.attn.project(*args, **kwargs)
+        q, k, v = q.double(), k.double(), v.double()
+        eps = eps.double() if torch.is_tensor(eps) else eps
+        out = pola_linear_attention(q, k, v, site.attn.power.double(), site.alpha, eps)
+        H, W = site.stage_hw
+        parent = model.backbone.get_submodule(site.name.rsplit('.', 1)[0])
+        layout = window_layout((H, W), parent.window_of((H, W)), parent.shifted, q.device,
+                               torch.float32, softmax_mask=False)
+
+        def to_map(t):  # (nW, h, T, d) windows -> (H, W, h, d), as the block does
+            nW, h, T, d = t.shape
+            x = t.permute(0, 2, 1, 3).reshape(1, nW * T, h * d)
+            return x.index_select(1, layout.from_windows).reshape(H, W, h, d)
+
+        out_map, v_map = to_map(out), to_map(v)
+        cells = np.stack(np.meshgrid(np.arange(H), np.arange(W), indexing='ij'), -1).reshape(-1, 2)
+        maps = site.maps(cells)
+        d1 = (v.shape[-1] + 1) // 2
+        for stream, part in (('same_signed', slice(0, d1)), ('opposite_signed', slice(d1, None))):
+            weights = torch.from_numpy(maps[stream])  # (m, h, H, W)
+            pred = torch.einsum('mhij,ijhc->mhc', weights, v_map[..., part])
+            expected = out_map[cells[:, 0], cells[:, 1]][..., part]
+            torch.testing.assert_close(pred, expected, rtol=1e-9, atol=1e-9)

@@ -161,6 +161,15 @@ class SwinBlock(BaseModule):
         (:mod:`polaformer_mm.deployment.window_scan`)."""
         return self.uses_pola and self.window_size is not None
 
+    def window_of(self, hw_shape: Sequence[int]) -> Tuple[int, int]:
+        """(height, width) of the windows this block lays on an H x W map:
+        ``window_size`` along both sides, or the balanced windows
+        (:func:`~polaformer_mm.models.window_geometry.balanced_window`)."""
+        H, W = hw_shape
+        if self.balanced:
+            return balanced_window(H, self.window_size), balanced_window(W, self.window_size)
+        return self.window_size, self.window_size
+
     def _window_attention(self, x: Tensor, hw_shape: Sequence[int]) -> Tensor:
         """Attention within the (shifted) windows of the map (``window_size``, or the
         balanced windows), the layout and masks of
