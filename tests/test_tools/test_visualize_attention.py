@@ -415,8 +415,12 @@ def test_balanced_windows_weights_reproduce_the_module_outputs(swin_configs):
         out = pola_linear_attention(q, k, v, site.attn.power.double(), site.alpha, eps)
         H, W = site.stage_hw
         parent = model.backbone.get_submodule(site.name.rsplit('.', 1)[0])
-        layout = window_layout((H, W), parent.window_of((H, W)), parent.shifted, q.device,
-                               torch.float32, softmax_mask=False)
+        layout = window_layout((H, W),
+                               parent.window_of((H, W)),
+                               parent.shifted,
+                               q.device,
+                               torch.float32,
+                               softmax_mask=False)
 
         def to_map(t):  # (nW, h, T, d) windows -> (H, W, h, d), as the block does
             nW, h, T, d = t.shape
