@@ -23,28 +23,13 @@ slice and concatenation and run every element-wise operator as its own pass over
   values that are zero there (as the depthwise conv of the values needs them anyway), so
   ``K^T v`` needs no weights and the keys need no pass of their own.
 
-Shifts. The plain formulation shifts ``p log|x|`` by its largest value over the d channels
-of each query (and over the keys of a (batch, head)); in this layout that is a reduction
-across rows, which onnxruntime runs strided, at half the cost of the whole feature chain.
-Here every channel is shifted instead by its own largest ``p_j log|x_j|`` over the tokens
-(a reduction along rows): :math:`s^q_j` for the queries, :math:`s^k_j` for the keys of a
-(batch, head), each at least 0, so every feature lies in [0, 1]. Products of a query and a
-key feature meet in one channel j, so the shifts come back as one factor per channel,
-:math:`g_j = e^{s^q_j + s^k_j - M}` with :math:`M = \max_j (s^q_j + s^k_j)` (at least 0),
-multiplied into the columns of the (d, d) weights and key means: the scores are the
-plain ones times :math:`e^{-M}` (the largest product of a query and a key feature of the
-(batch, head) is 1), and ``eps`` is multiplied by :math:`e^{-M}` (at least ``tiny``), which
-leaves every quotient as it is up to rounding. Exponents are floored at
-:func:`~.formulation.exp_floor` as in the plain form; a zero input has magnitude
-``exp(floor)`` (1.13 ``tiny``) where the plain form has 0 (its signed value is 0 in both),
-which changes no sum it joins beyond rounding. The range differs from the plain form's in
-one place: a query whose entries are all far below the largest of their channels (below
-``1e-7`` of them at ``p = 5`` in float32) has features near ``tiny`` instead of near 1,
-whereas the plain form shifts each query by its own largest entry. No ``Log``-free form
-is used: ``Pow`` with a per-channel exponent runs one scalar ``pow`` per element in
-onnxruntime, four times the time of the ``Log``, ``Mul`` and ``Exp`` it would replace.
-The export tests compare this form, run by onnxruntime, with the eager model; the op
-tests compare it with the plain formulation.
+Shifts and floors are those of the plain formulation: ``M`` the largest ``p log|x|`` of
+a query (over its d channels) or of the keys of a (batch, head), at least 0; exponents
+floored at :func:`~.formulation.exp_floor`; ``eps`` times :math:`e^{-(M_q + M_k)}`, at
+least ``tiny``. The one difference: a zero input has magnitude ``exp(floor)`` (1.13
+``tiny``) where the plain form has 0 (its signed value is 0 in both), which changes no
+sum it joins beyond rounding. The export tests compare this form, run by onnxruntime,
+with the eager model; the op tests compare it with the plain formulation.
 """
 from typing import Optional, Tuple
 
@@ -57,15 +42,17 @@ from .formulation import exp_floor, pola_exponent, value_split
 __all__ = ['pola_linear_attention_channels_first']
 
 
-def _magnitude_and_signed(x: Tensor, p: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-    """``(e, f, s)`` for channels-first ``x`` (B, h, d, T) and the exponent ``p``
-    (1, h, d, 1): ``e = |x|^p exp(-s)``, ``f = sign(x) e`` (the sign as ``x / |x|``,
-    ``|x|`` at least ``tiny``), ``s`` (B, h, d, 1) the largest ``p log|x|`` of each
-    channel over the T tokens, at least 0; exponents floored at
-    :func:`~.formulation.exp_floor`."""
+def _magnitude_and_signed(x: Tensor, p: Tensor, per_row: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(e, f, M)`` for channels-first ``x`` (B, h, d, T) and the exponent ``p``
+    (1, h, d, 1): ``e = |x|^p exp(-M)``, ``f = sign(x) e`` (the sign as ``x / |x|``,
+    ``|x|`` at least ``tiny``), ``M`` the largest ``p log|x|`` of each token
+    (``per_row``, (B, h, 1, T)) or of the whole (batch, head) ((B, h, 1, 1)), at least 0."""
     magnitude = torch.abs(x).clamp_min(torch.finfo(x.dtype).tiny)
     scaled = torch.log(magnitude) * p
-    shift = scaled.max(dim=-1, keepdim=True)[0].clamp_min(0)
+    shift = scaled.max(dim=-2, keepdim=True)[0]
+    if not per_row:
+        shift = shift.max(dim=-1, keepdim=True)[0]
+    shift = shift.clamp_min(0)
     e = torch.exp((scaled - shift).clamp_min(exp_floor(x.dtype)))
     return e, e * (x / magnitude), shift
 
@@ -119,22 +106,18 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: float, eps: E
     n = k.shape[-1]
     dv = value_split(d)
     p = pola_exponent(power, alpha).transpose(-2, -1)  # (1, h, d, 1)
-    q_e, q_f, shift_q = _magnitude_and_signed(q, p)
-    k_e, k_f, shift_k = _magnitude_and_signed(k, p)
-    # the shifts, one factor per feature channel as a row (.., 1, d), and M (.., 1, 1)
-    shift = (shift_q + shift_k).transpose(-2, -1)
-    total = shift.max(dim=-1, keepdim=True)[0]  # at least 0, as both shifts are
-    channel_factors = torch.exp((shift - total).clamp_min(exp_floor(q.dtype))) * (0.5 / n)
+    q_e, q_f, shift_q = _magnitude_and_signed(q, p, per_row=True)
+    k_e, k_f, shift_k = _magnitude_and_signed(k, p, per_row=False)
     if key_weights is None:
         key_weights = torch.ones(k.shape[0], 1, n, 1, dtype=k.dtype, device=k.device)
     # K^T v / 2n with the value channels as rows: (.., d, d)
-    weights_e = torch.matmul(v, k_e.transpose(-2, -1)) * channel_factors
-    weights_f = torch.matmul(v, k_f.transpose(-2, -1)) * channel_factors
+    weights_e = torch.matmul(v, k_e.transpose(-2, -1)) * (0.5 / n)
+    weights_f = torch.matmul(v, k_f.transpose(-2, -1)) * (0.5 / n)
     signs = torch.tensor([1.] * dv + [-1.] * (d - dv), dtype=q.dtype, device=q.device)
     weights_f = weights_f * signs.view(d, 1)
     # key means / 2 as rows: (.., 1, d)
-    means_e = torch.matmul(k_e, key_weights).transpose(-2, -1) * channel_factors
-    means_f = torch.matmul(k_f, key_weights).transpose(-2, -1) * channel_factors
+    means_e = torch.matmul(k_e, key_weights).transpose(-2, -1) * (0.5 / n)
+    means_f = torch.matmul(k_f, key_weights).transpose(-2, -1) * (0.5 / n)
     # (.., d + 2, N): the same-signed stream's numerators and denominator, then the
     # opposite stream's
     joint = (
@@ -142,8 +125,8 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: float, eps: E
         + torch.matmul(_stream_rows(weights_f, means_f, (1., -1.), d), q_f))
     if isinstance(eps, Tensor):
         eps = eps.to(q.dtype)
-    eps_scaled = torch.exp((-total).clamp_min(exp_floor(q.dtype)))
-    eps_scaled = (eps_scaled * eps).clamp_min(torch.finfo(q.dtype).tiny)  # (B, h, 1, 1)
+    eps_scaled = torch.exp((-(shift_q + shift_k)).clamp_min(exp_floor(q.dtype)))
+    eps_scaled = (eps_scaled * eps).clamp_min(torch.finfo(q.dtype).tiny)  # (B, h, 1, N)
     if 2 * dv == d:  # both streams d / 2 wide: one broadcast division
         joint = joint.reshape(B, h, 2, dv + 1, N)
         out = joint[:, :, :, :dv] / (joint[:, :, :, dv:] + eps_scaled.unsqueeze(2))
