@@ -182,6 +182,21 @@ def test_windowed_pola_swin_with_swin_baseline_and_checkpoint(tmp_path, swin_con
     assert summary['stages'][0]['max'] - summary['stages'][0]['min'] > 1
 
 
+def _assert_rows_give_the_output(site, out_map, v_map):
+    """Every token's drawn weights of both streams times the values (H, W, h, d) on the
+    stage map give the op's output there (H, W, h, d); returns the maps."""
+    H, W = site.stage_hw
+    cells = np.stack(np.meshgrid(np.arange(H), np.arange(W), indexing='ij'), -1).reshape(-1, 2)
+    maps = site.maps(cells)
+    d1 = (v_map.shape[-1] + 1) // 2
+    for stream, part in (('same_signed', slice(0, d1)), ('opposite_signed', slice(d1, None))):
+        weights = torch.from_numpy(maps[stream])  # (m, h, H, W)
+        pred = torch.einsum('mhij,ijhc->mhc', weights, v_map[..., part])
+        expected = out_map[cells[:, 0], cells[:, 1]][..., part]
+        torch.testing.assert_close(pred, expected, rtol=1e-9, atol=1e-9)
+    return maps
+
+
 def test_windowed_weights_reproduce_the_module_outputs(swin_configs):
     """For every token of every 'L' block, the drawn weights times the values (laid
     out on the stage map) give the op's output at that token, so the window,
@@ -213,16 +228,9 @@ def test_windowed_weights_reproduce_the_module_outputs(swin_configs):
             x = torch.roll(x, (shift, shift), dims=(1, 2))
             return x[0, :H, :W].reshape(H, W, h, d)
 
-        out_map, v_map = to_map(out), to_map(v)
-        cells = np.stack(np.meshgrid(np.arange(H), np.arange(W), indexing='ij'), -1).reshape(-1, 2)
-        maps = site.maps(cells)
-        d1 = (v.shape[-1] + 1) // 2
-        for stream, part in (('same_signed', slice(0, d1)), ('opposite_signed', slice(d1, None))):
-            weights = torch.from_numpy(maps[stream])  # (m, h, H, W)
-            pred = torch.einsum('mhij,ijhc->mhc', weights, v_map[..., part])
-            expected = out_map[cells[:, 0], cells[:, 1]][..., part]
-            torch.testing.assert_close(pred, expected, rtol=1e-9, atol=1e-9)
-            assert (maps[f'{stream}_off_map'] == 0).all()
+        maps = _assert_rows_give_the_output(site, to_map(out), to_map(v))
+        assert all(
+            (maps[f'{stream}_off_map'] == 0).all() for stream in ('same_signed', 'opposite_signed'))
         assert maps['keys'].sum(axis=(1, 2)).max() == ws * ws
 
     base_cfg = load_config(swin_configs['swin'])
@@ -427,12 +435,4 @@ def test_balanced_windows_weights_reproduce_the_module_outputs(swin_configs):
             x = t.permute(0, 2, 1, 3).reshape(1, nW * T, h * d)
             return x.index_select(1, layout.from_windows).reshape(H, W, h, d)
 
-        out_map, v_map = to_map(out), to_map(v)
-        cells = np.stack(np.meshgrid(np.arange(H), np.arange(W), indexing='ij'), -1).reshape(-1, 2)
-        maps = site.maps(cells)
-        d1 = (v.shape[-1] + 1) // 2
-        for stream, part in (('same_signed', slice(0, d1)), ('opposite_signed', slice(d1, None))):
-            weights = torch.from_numpy(maps[stream])  # (m, h, H, W)
-            pred = torch.einsum('mhij,ijhc->mhc', weights, v_map[..., part])
-            expected = out_map[cells[:, 0], cells[:, 1]][..., part]
-            torch.testing.assert_close(pred, expected, rtol=1e-9, atol=1e-9)
+        _assert_rows_give_the_output(site, to_map(out), to_map(v))
