@@ -11,7 +11,10 @@ let a table time all its rows in rounds, so that the ratios between rows hold on
 machine whose speed drifts. A run that fails for any other reason gives a row with the
 reason instead of times, so that one bad config does not stop a table.
 :func:`format_markdown` and :func:`write_json` write the table, :func:`exit_code` is the
-command line's exit status (1 when no row was timed), :func:`cpu_description`
+command line's exit status (1 when no row was timed), :func:`count_flops` and
+:func:`matmul_peak` give the roofline columns (``--roofline``: the rows' counted FLOPs
+over their onnxruntime times, against this machine's float32 matrix-product rate in
+onnxruntime), :func:`cpu_description`
 names the processor the times were taken on (which runtime is faster depends on it), and
 :func:`quiet_model_logs` keeps mmengine's model logs (every module's ``init_weights``
 line) and the exporters' warnings off the terminal.
@@ -33,7 +36,8 @@ import numpy as np
 __all__ = [
     'PARTS', 'OPSETS', 'BenchmarkRow', 'benchmark_run', 'format_markdown', 'write_json',
     'quiet_model_logs', 'missing_operator_opset', 'cpu_description', 'PreparedRun', 'prepare_run',
-    'time_prepared', 'exit_code'
+    'time_prepared', 'exit_code', 'PEAK_SIZE', 'count_flops', 'matmul_peak', 'with_flops',
+    'peak_fraction'
 ]
 
 #: What a run exports: the backbone's stage maps, the tensor part of the model, or the
@@ -41,6 +45,8 @@ __all__ = [
 PARTS = ('backbone', 'tensor', 'end2end')
 #: The opsets tried in turn when an export misses an operator.
 OPSETS = (11, 13, 17)
+#: The side of the square float32 matrices whose product measures the peak.
+PEAK_SIZE = 1024
 
 
 class BenchmarkRow(NamedTuple):
@@ -54,6 +60,9 @@ class BenchmarkRow(NamedTuple):
     torch_s: Optional[float]  #: median seconds, PyTorch eager
     onnxruntime_s: Optional[float]  #: median seconds, onnxruntime
     error: Optional[str] = None  #: why the run gave no times
+    #: multiply-adds of the timed part (:func:`count_flops`; None: not counted)
+    flops: Optional[float] = None
+    flops_error: Optional[str] = None  #: why the FLOPs were not counted
 
     @property
     def ratio(self) -> Optional[float]:
@@ -61,6 +70,15 @@ class BenchmarkRow(NamedTuple):
         if self.torch_s is None or not self.onnxruntime_s:
             return None
         return self.torch_s / self.onnxruntime_s
+
+    @property
+    def flops_per_s(self) -> Optional[float]:
+        """The rate onnxruntime ran the part at, FLOP/s: two FLOPs (a multiply and an add)
+        per counted multiply-add over the median onnxruntime time (None: no FLOPs or
+        time)."""
+        if self.flops is None or not self.onnxruntime_s:
+            return None
+        return 2 * self.flops / self.onnxruntime_s
 
 
 #: Vector extensions, widest first, as /proc/cpuinfo flags them (x86 ``flags``, Arm
@@ -273,19 +291,46 @@ def benchmark_run(config: str,
     return time_prepared([prepared], repeats, warmup)[0]
 
 
-def format_markdown(rows: Sequence[BenchmarkRow]) -> str:
-    """The Markdown table of the rows (failed ones say why in place of the times)."""
+def peak_fraction(row: BenchmarkRow, peak: float) -> Optional[float]:
+    """The row's onnxruntime rate (:attr:`BenchmarkRow.flops_per_s`) over ``peak``
+    (FLOP/s, :func:`matmul_peak`); None when the row has no rate."""
+    rate = row.flops_per_s
+    return None if rate is None else rate / peak
+
+
+def _roofline_cells(row: BenchmarkRow, peak: float) -> str:
+    """The three roofline cells of a timed row: FLOPs (G), GFLOP/s, fraction of ``peak``."""
+    if row.flops is None:
+        why = (row.flops_error or 'not counted').replace('|', '/')
+        return f' not counted: {why} | | |'
+    return (f' {row.flops / 1e9:.2f} | {row.flops_per_s / 1e9:.1f} | '
+            f'{peak_fraction(row, peak):.1%} |')
+
+
+def format_markdown(rows: Sequence[BenchmarkRow], peak: Optional[float] = None) -> str:
+    """The Markdown table of the rows (failed ones say why in place of the times); with
+    ``peak`` (FLOP/s, :func:`matmul_peak`) three roofline columns more: the counted
+    FLOPs (G multiply-adds), the onnxruntime rate (GFLOP/s, two per multiply-add) and its
+    fraction of ``peak``, and a last line naming the peak."""
+    extra = ' FLOPs (G) | onnxruntime GFLOP/s | of peak |' if peak else ''
     lines = [
         '| config | exported | input | opset | PyTorch eager (ms) | onnxruntime (ms) | '
-        'PyTorch / onnxruntime |', '|---|---|---|---|---|---|---|'
+        f'PyTorch / onnxruntime |{extra}', '|---|---|---|---|---|---|---|' + '---|' *
+        (3 * bool(peak))
     ]
     for r in rows:
         head = f'| {r.config} | {r.what or r.part} | {r.height}x{r.width} | {r.opset or "-"} |'
         if r.error is not None:
-            lines.append(f'{head} failed: {r.error.replace("|", "/")} | | |')
+            lines.append(f'{head} failed: {r.error.replace("|", "/")} | | |'
+                         + ' |' * (3 * bool(peak)))
         else:
             lines.append(f'{head} {r.torch_s * 1e3:.1f} | {r.onnxruntime_s * 1e3:.1f} | '
-                         f'{r.ratio:.2f}x |')
+                         f'{r.ratio:.2f}x |' + (_roofline_cells(r, peak) if peak else ''))
+    if peak:
+        lines.append(f'\nfloat32 matrix-product peak in onnxruntime: {peak / 1e9:.1f} GFLOP/s '
+                     f'({PEAK_SIZE}x{PEAK_SIZE} MatMul, the rows\' threads; '
+                     f'FLOPs: multiply-adds, as the FLOPs counter counts them; the rates '
+                     f'count two FLOPs per multiply-add, as the peak does)')
     return '\n'.join(lines)
 
 
@@ -295,10 +340,85 @@ def exit_code(rows: Sequence[BenchmarkRow]) -> int:
     return 0 if any(r.error is None and r.torch_s is not None for r in rows) else 1
 
 
-def write_json(path: str, rows: Sequence[BenchmarkRow], env: dict) -> None:
+def write_json(path: str,
+               rows: Sequence[BenchmarkRow],
+               env: dict,
+               peak: Optional[float] = None) -> None:
     """The rows (seconds; ``ratio`` PyTorch / onnxruntime) and ``env`` (versions,
-    threads, load, command) as JSON."""
+    threads, load, command) as JSON; with ``peak`` (FLOP/s, :func:`matmul_peak`, kept in
+    ``env`` as ``peak_flops_per_s``) every row has its ``flops_per_s`` and ``of_peak``
+    too."""
     data = dict(env=env, rows=[dict(r._asdict(), ratio=r.ratio) for r in rows])
+    if peak:
+        data['env'] = dict(env, peak_flops_per_s=peak)
+        for row, r in zip(data['rows'], rows):
+            row.update(flops_per_s=r.flops_per_s, of_peak=peak_fraction(r, peak))
     with open(path, 'w') as f:
         json.dump(data, f, indent=2)
         f.write('\n')
+
+
+def count_flops(config: str, part: str, shape: Sequence[int]) -> float:
+    """The multiply-adds of ``part`` of ``config`` on one (1, 3, H, W) image, counted by
+    :func:`polaformer_mm.analysis.flops.measure_configs` as
+    ``tools/analysis_tools/get_flops.py`` counts them: the backbone (``'backbone'``) or
+    the tensor-only forward (``'tensor'``, ``--whole-model``). ``'end2end'`` (the
+    post-processing has no count) and an mmdet config's ``'tensor'`` (the counter's
+    whole model is backbone + neck, the exported tensor part also has the RPN head) are
+    ValueErrors naming the reason."""
+    from ..analysis.flops import measure_configs
+    if part not in ('backbone', 'tensor'):
+        raise ValueError(f'FLOPs are counted for the backbone and tensor parts, not {part!r} '
+                         '(the post-processing has no count)')
+    row = measure_configs([config], tuple(int(s) for s in shape), part == 'tensor')[0]
+    if part == 'tensor' and row['part'] != 'model':
+        raise ValueError(f'the counter measures {row["part"]} of this config, the exported '
+                         'tensor part is more (the RPN head)')
+    return float(row['flops'])
+
+
+def with_flops(rows: Sequence[BenchmarkRow], configs: Sequence[str]) -> List[BenchmarkRow]:
+    """The rows with their :func:`count_flops` (``configs``: each row's config file, in
+    order); a timed row whose count fails gets the reason in ``flops_error``, a failed
+    row stays as it is."""
+    counted = []
+    for row, config in zip(rows, configs):
+        if row.error is None:
+            try:
+                with _output_discarded():
+                    row = row._replace(flops=count_flops(config, row.part, (row.height, row.width)))
+            except Exception as err:  # noqa: B902 -- the row keeps its times
+                row = row._replace(flops_error=_reason(err))
+        counted.append(row)
+    return counted
+
+
+def matmul_peak(threads: Optional[int] = None,
+                size: int = PEAK_SIZE,
+                repeats: int = 5,
+                warmup: int = 2) -> float:
+    """This machine's float32 matrix-product rate in onnxruntime, FLOP/s: a one-node
+    ``MatMul`` graph of two (``size``, ``size``) float32 inputs, in a CPU session with the
+    options the rows' sessions have (``threads`` intra-op threads; None: onnxruntime's
+    default), 2 size^3 FLOPs (a multiply and an add per term) over the median of
+    ``repeats`` runs after ``warmup`` untimed ones."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from .checks import median_seconds
+    if size < 1 or repeats < 1:
+        raise ValueError(f'size and repeats must be >= 1, got {size} and {repeats}')
+    a, b, c = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [size, size]) for n in 'abc')
+    graph = helper.make_graph([helper.make_node('MatMul', ['a', 'b'], ['c'])], 'matmul_peak',
+                              [a, b], [c])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid('', 13)])
+    model.ir_version = 7  # opset 13's, which every onnxruntime of the stacks reads
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if threads:
+        options.intra_op_num_threads = threads
+    session = ort.InferenceSession(
+        model.SerializeToString(), options, providers=['CPUExecutionProvider'])
+    rng = np.random.default_rng(0)
+    feed = {n: rng.standard_normal((size, size), dtype=np.float32) for n in 'ab'}
+    return 2 * size**3 / median_seconds(lambda: session.run(None, feed), repeats, warmup)

@@ -223,3 +223,73 @@ def test_run_where_every_row_failed_exits_1(tmp_path):
     assert 'Traceback' not in proc.stderr
     assert md.read_text().count('| no_such_config.py |') == 2
     assert '| - | failed: FileNotFoundError' in proc.stdout
+
+
+SEG_NANO = f'{REPO}/configs/quickstart/fpn_pola-pvt-nano_synthetic-seg.py'
+
+
+def test_roofline_rates_and_fractions_come_from_the_flops_and_the_times():
+    """Two FLOPs per counted multiply-add over the median onnxruntime time, against the
+    peak; a row without a count names why, a failed row stays failed, columns line up."""
+    counted = benchmark.BenchmarkRow('a.py', 'backbone', 'w', 64, 64, 11, 0.04, 0.01, flops=1e9)
+    uncounted = counted._replace(config='b.py', flops=None, flops_error='ValueError: no count')
+    failed = benchmark.BenchmarkRow('c.py', 'backbone', '', 64, 64, None, None, None, 'E: x')
+    assert counted.flops_per_s == pytest.approx(2e11)
+    assert benchmark.peak_fraction(counted, 4e11) == pytest.approx(0.5)
+    assert uncounted.flops_per_s is None and failed.flops_per_s is None
+    assert benchmark.peak_fraction(uncounted, 4e11) is None
+    table = benchmark.format_markdown([counted, uncounted, failed], 4e11)
+    lines = table.splitlines()
+    assert '| FLOPs (G) | onnxruntime GFLOP/s | of peak |' in lines[0]
+    assert lines[2].endswith('| 40.0 | 10.0 | 4.00x | 1.00 | 200.0 | 50.0% |')
+    assert lines[3].endswith('| not counted: ValueError: no count | | |')
+    assert len({line.count('|') for line in lines[:5]}) == 1
+    assert 'matrix-product peak in onnxruntime: 400.0 GFLOP/s' in lines[-1]
+    assert 'FLOPs (G)' not in benchmark.format_markdown([counted])  # no peak: no columns
+
+
+def test_matmul_peak_is_a_positive_rate_and_bad_sizes_are_named():
+    peak = benchmark.matmul_peak(threads=1, size=256, repeats=3, warmup=1)
+    assert 1e8 < peak < 1e13  # FLOP/s of one core: above 0.1 GFLOP/s, below 10 TFLOP/s
+    with pytest.raises(ValueError, match='size and repeats must be >= 1'):
+        benchmark.matmul_peak(size=0)
+
+
+def test_flops_are_counted_only_where_the_counter_covers_the_export():
+    with pytest.raises(ValueError, match="not 'end2end'"):
+        benchmark.count_flops(SEG_NANO, 'end2end', (64, 64))
+    with pytest.raises(ValueError, match='backbone\\+neck of this config, the exported tensor'):
+        benchmark.count_flops(NANO, 'tensor', (64, 64))
+
+
+def test_roofline_with_end2end_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit):
+        cli.parse_args(['a.py', '64', '64', '--parts', 'backbone', 'end2end', '--roofline'])
+    assert '--roofline counts the FLOPs of the backbone and tensor parts' in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_roofline_run_counts_as_get_flops_and_measures_the_peak(tmp_path, capsys):
+    """--roofline on a tiny segmentor: the backbone's and the tensor model's FLOPs are
+    get_flops's at the same input, the peak was measured, the fractions lie in (0, 1]."""
+    get_flops = load_tool('analysis_tools/get_flops.py', '_get_flops_for_roofline')
+    js = tmp_path / 'rows.json'
+    rows = cli.main([
+        SEG_NANO, '64', '80', '--parts', 'backbone', 'tensor', '--repeats', '2', '--warmup', '1',
+        '--threads', '1', '--roofline', '--out-json',
+        str(js)
+    ])
+    expected = [
+        get_flops.measure_configs([SEG_NANO], (64, 80), whole)[0]['flops']
+        for whole in (False, True)
+    ]
+    assert [r.flops for r in rows] == expected and expected[0] < expected[1]
+    data = json.loads(js.read_text())
+    peak = data['env']['peak_flops_per_s']
+    assert peak > 0
+    for row, r in zip(data['rows'], rows):
+        assert row['flops_per_s'] == pytest.approx(2 * r.flops / r.onnxruntime_s)
+        assert 0 < row['of_peak'] <= 1
+        assert row['of_peak'] == pytest.approx(row['flops_per_s'] / peak)
+    out = capsys.readouterr().out
+    assert f'matrix-product peak in onnxruntime: {peak / 1e9:.1f} GFLOP/s' in out

@@ -2,7 +2,7 @@
 
     python tools/analysis_tools/benchmark_onnx.py CONFIG H W [CONFIG H W ...]
         [--parts backbone end2end] [--repeats 10] [--warmup 2] [--rounds 1]
-        [--opsets 11 13 17] [--threads N] [--no-block-mlps] [--work-dir DIR]
+        [--opsets 11 13 17] [--threads N] [--no-block-mlps] [--roofline] [--work-dir DIR]
         [--out-md FILE] [--out-json FILE]
 
 Every CONFIG is exported as ``tools/deployment/pytorch2onnx.py`` exports it, once per part
@@ -34,7 +34,13 @@ after), which says how quiet the machine was. The exports run their transformer 
 over blocks of tokens (``polaformer_mm.deployment.blocked_mlp``) as every export of the
 project does; ``--no-block-mlps`` times the graphs as traced instead. One progress line
 per export (and one per round) goes to stderr; the models' logs are kept at warning
-level. ``--out-md`` / ``--out-json`` write the table and its rows; they, and
+level. ``--roofline`` adds three columns: each row's FLOPs (multiply-adds, counted as
+``tools/analysis_tools/get_flops.py`` counts them: the backbone, or the tensor-only forward
+for ``--parts tensor``; not for ``end2end``), the rate onnxruntime ran it at (GFLOP/s, two
+per multiply-add, over the median time) and that rate's fraction of this machine's float32
+matrix-product peak, measured in the same run with the rows' session options and threads
+(a one-node ``MatMul`` of two 1024x1024 matrices, median of 5 runs), named under the
+table. ``--out-md`` / ``--out-json`` write the table and its rows; they, and
 ``--work-dir``, are checked before the first export (a path that cannot be written is a
 usage error). The exit status is 1 when no row was timed (every export or run failed),
 else 0.
@@ -87,6 +93,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         help='export the MLPs as traced, not over blocks of tokens (the rewrite every export '
         'applies by default)')
     parser.add_argument(
+        '--roofline',
+        action='store_true',
+        help="add each row's counted FLOPs, its onnxruntime GFLOP/s and their fraction of this "
+        "machine's float32 matrix-product peak (backbone and tensor parts)")
+    parser.add_argument(
         '--work-dir',
         default=None,
         help='where the .onnx files go, made if missing (default: a temporary folder)')
@@ -105,6 +116,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         parser.error('--repeats and --rounds must be >= 1 and --warmup >= 0')
     if args.threads is not None and args.threads < 1:
         parser.error('--threads must be >= 1')
+    if args.roofline and 'end2end' in args.parts:
+        parser.error('--roofline counts the FLOPs of the backbone and tensor parts: drop end2end '
+                     'from --parts (its post-processing has no count)')
     try:  # before any export: a run must not find at its end that it cannot write
         for option, out in (('--out-md', args.out_md), ('--out-json', args.out_json)):
             if out:
@@ -142,7 +156,7 @@ def main(argv: Optional[List[str]] = None) -> List[benchmark.BenchmarkRow]:
             raise SystemExit(f'{missing}; --parts backbone tensor times the parts without it')
     threads = args.threads or torch.get_num_threads()
     load_before = os.getloadavg()
-    prepared = []
+    prepared, configs = [], []
     with tempfile.TemporaryDirectory() as tmp, benchmark.quiet_model_logs():
         folder = args.work_dir or tmp
         os.makedirs(folder, exist_ok=True)
@@ -154,6 +168,7 @@ def main(argv: Optional[List[str]] = None) -> List[benchmark.BenchmarkRow]:
                     f'{config} at {shape[0]}x{shape[1]}',
                     file=sys.stderr,
                     flush=True)
+                configs.append(config)
                 prepared.append(
                     benchmark.prepare_run(config, part, shape, folder, args.opsets, threads,
                                           not args.no_block_mlps))
@@ -164,8 +179,13 @@ def main(argv: Optional[List[str]] = None) -> List[benchmark.BenchmarkRow]:
             args.rounds,
             progress=None if args.rounds == 1 else
             lambda r: print(f'timing, round {r}/{args.rounds}', file=sys.stderr, flush=True))
+        peak = None
+        if args.roofline:
+            print('roofline: counting FLOPs, timing the matrix-product peak', file=sys.stderr)
+            rows = benchmark.with_flops(rows, configs)
+            peak = benchmark.matmul_peak(threads)
     header = _header(args, threads, load_before, os.getloadavg())
-    table = benchmark.format_markdown(rows)
+    table = benchmark.format_markdown(rows, peak)
     print(f'{header}\n\n{table}')
     if args.out_md:
         with open(args.out_md, 'w') as f:
@@ -178,7 +198,7 @@ def main(argv: Optional[List[str]] = None) -> List[benchmark.BenchmarkRow]:
             dict(
                 header=header,
                 cpu=benchmark.cpu_description(),
-                argv=sys.argv[1:] if argv is None else argv))
+                argv=sys.argv[1:] if argv is None else argv), peak)
     return rows
 
 
