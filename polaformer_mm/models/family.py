@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Pattern, Sequence, Tuple, Union
 
 __all__ = [
-    'BackboneFamily', 'register_family', 'register_family_module', 'unregister_family',
-    'families', 'family_of', 'family_named', 'config_set'
+    'BackboneFamily', 'register_family', 'register_family_module', 'unregister_family', 'families',
+    'family_of', 'family_named', 'config_set'
 ]
 
 
