@@ -38,8 +38,8 @@ from ..ops.blocked_mlp import mlp_gelu
 from ..ops.depthwise_conv import depthwise_conv2d
 from ..utils.capture import graph_capture
 from ..utils.compat import is_autocast_enabled
-from .window_geometry import (captured_window_layout, window_gather, window_mask, window_padding,
-                              window_shift)
+from .window_geometry import (captured_window_layout, padded_size, window_gather, window_mask,
+                              window_padding, window_shift)
 
 
 def check_sizes(error: Callable[[], Optional[str]]) -> None:
@@ -87,12 +87,16 @@ def nchw_to_nlc(x: Tensor) -> Tensor:
     return x.permute(0, 2, 3, 1).reshape(B, H * W, C)
 
 
-def pad_to_multiple(x: Tensor, multiple: int) -> Tensor:
-    """Zero-pad a (B, C, H, W) map on the bottom/right to multiples of ``multiple``
-    (under a graph capture always, by amounts the graph computes from the sizes)."""
+def pad_to_multiple(x: Tensor, multiple: Union[int, Tuple[int, int]]) -> Tensor:
+    """Zero-pad a (B, C, H, W) map on the bottom/right to multiples of ``multiple``: an
+    int, or a pair ``(mh, mw)`` per axis (0-dim tensors in a graph capture: the balanced
+    windows of :func:`~polaformer_mm.models.window_geometry.balanced_window`); under a
+    graph capture always, by amounts the graph computes from the sizes."""
     H, W = x.shape[-2:]
-    pad_h = (-H) % multiple
-    pad_w = (-W) % multiple
+    if isinstance(multiple, (tuple, list)):
+        pad_h, pad_w = padded_size(H, multiple[0]) - H, padded_size(W, multiple[1]) - W
+    else:
+        pad_h, pad_w = (-H) % multiple, (-W) % multiple
     if graph_capture() or pad_h or pad_w:
         x = F.pad(x, (0, pad_w, 0, pad_h))
     return x

@@ -6,7 +6,6 @@ from typing import Dict, Iterator, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from mmcv.cnn import build_norm_layer
 from mmcv.cnn.bricks import DropPath
 from mmengine.model import BaseModule
@@ -19,7 +18,7 @@ from ..family import BackboneFamily, config_set, register_family
 from ..official_weights import SWIN_RULES
 from ..utils import (Mlp, PatchEmbed, StagePositionalEncodings, drop_path_rates, pad_to_multiple,
                      run_blocks, token_rows, window_layout)
-from ..window_geometry import balanced_window, padded_size
+from ..window_geometry import balanced_window
 from .base import PolaBackboneBase, check_positive_int
 
 
@@ -177,23 +176,12 @@ class SwinBlock(BaseModule):
         of the window, rolled and laid out as windows in one gather, and back."""
         H, W = hw_shape
         B, N, C = x.shape
-        ws = self.window_size
-        x = x.view(B, H, W, C)
-        if self.balanced:
-            wh, ww = balanced_window(H, ws), balanced_window(W, ws)
-            layout = window_layout((H, W), (wh, ww),
-                                   self.shifted,
-                                   x.device,
-                                   x.dtype,
-                                   softmax_mask=False)
-            pad_h, pad_w = padded_size(H, wh) - H, padded_size(W, ww) - W
-            if isinstance(pad_h, Tensor) or pad_h or pad_w:
-                x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h))
-        else:
-            wh = ww = ws
-            layout = window_layout(
-                hw_shape, ws, self.shifted, x.device, x.dtype, softmax_mask=not self.uses_pola)
-            x = pad_to_multiple(x.permute(0, 3, 1, 2), ws).permute(0, 2, 3, 1)
+        wh, ww = self.window_of(hw_shape)
+        # the official layout is keyed by its square window (cached per size in eager runs)
+        window = (wh, ww) if self.balanced else self.window_size
+        layout = window_layout(
+            hw_shape, window, self.shifted, x.device, x.dtype, softmax_mask=not self.uses_pola)
+        x = pad_to_multiple(x.view(B, H, W, C).permute(0, 3, 1, 2), window).permute(0, 2, 3, 1)
         windows = x.reshape(B, -1, C).index_select(1, layout.to_windows).view(-1, wh * ww, C)
         if self.uses_pola:
             padding = None if layout.padding is None else layout.padding.repeat(B, 1)
