@@ -11,8 +11,9 @@ import os.path as osp
 
 from tests import REPO
 
-#: The names the models may not use.
-SWITCHES = ('onnx_export', 'graph_capture')
+#: The names the models may not use: the project's switch and the detectors under it.
+SWITCHES = ('onnx_export', 'graph_capture', 'is_tracing', 'is_scripting', 'is_in_onnx_export',
+            'is_compiling', 'is_exporting')
 
 
 def _model_sources():
@@ -34,7 +35,19 @@ def switch_uses(source: str, filename: str = '<source>'):
             found.append((node.lineno, f'uses {node.id}'))
         elif isinstance(node, ast.Attribute) and node.attr in SWITCHES:
             found.append((node.lineno, f'uses .{node.attr}'))
+        elif _is_tensor_test(node):  # sizes that are tensors only in a trace
+            found.append((node.lineno, 'asks isinstance(..., Tensor)'))
     return sorted(set(found))
+
+
+def _is_tensor_test(node) -> bool:
+    """``isinstance(x, Tensor)`` / ``isinstance(x, torch.Tensor)`` (also in a tuple)."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id == 'isinstance' and len(node.args) == 2):
+        return False
+    kinds = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+    return any((isinstance(k, ast.Name) and k.id == 'Tensor') or (
+        isinstance(k, ast.Attribute) and k.attr == 'Tensor') for k in kinds)
 
 
 def test_the_check_finds_each_kind_of_use():
@@ -50,6 +63,9 @@ def test_the_check_finds_each_kind_of_use():
     assert switch_uses(source) == [(1, 'imports onnx_export'), (2, 'imports graph_capture'),
                                    (5, 'uses .graph_capture'), (7, 'uses onnx_export')]
     assert switch_uses('from ..utils.graph_forms import register_graph_form\n') == []
+    assert switch_uses('if torch.jit.is_tracing() or isinstance(pad, (int, Tensor)):\n'
+                       '    pass\n') == [(1, 'asks isinstance(..., Tensor)'),
+                                         (1, 'uses .is_tracing')]
 
 
 def test_models_do_not_branch_on_capture_or_export():
