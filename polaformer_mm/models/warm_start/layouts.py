@@ -6,7 +6,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from ..backbones.base import POLA_KEYS
 from ..checkpoint_layouts import Converted, Layout
-from ..family import families
+from ..family import families, family_named
 
 __all__ = ['Converted', 'Layout', 'POLA_KEYS', 'all_layouts', 'find_layout', 'layouts_of']
 
@@ -27,5 +27,6 @@ def find_layout(keys: Sequence[str], family: str) -> Tuple[Optional[Layout], Lis
 
 
 def layouts_of(family: str) -> List[Layout]:
-    """The layouts a family's warm start reads."""
-    return [lay for lay in all_layouts() if lay.family == family and lay.convert is not None]
+    """The layouts a family's warm start reads (its own declaration only: the other
+    families, whose modules may be imported lazily, are listed for an error alone)."""
+    return [lay for lay in family_named(family).layouts if lay.convert is not None]
