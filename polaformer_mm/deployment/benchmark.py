@@ -37,7 +37,7 @@ __all__ = [
     'PARTS', 'OPSETS', 'BenchmarkRow', 'benchmark_run', 'format_markdown', 'write_json',
     'quiet_model_logs', 'missing_operator_opset', 'cpu_description', 'PreparedRun', 'prepare_run',
     'time_prepared', 'exit_code', 'PEAK_SIZE', 'count_flops', 'matmul_peak', 'with_flops',
-    'peak_fraction'
+    'peak_fraction', 'onnx_file_name'
 ]
 
 #: What a run exports: the backbone's stage maps, the tensor part of the model, or the
@@ -180,6 +180,13 @@ def _reason(error: BaseException) -> str:
     return f'{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error) else ""}'
 
 
+def onnx_file_name(config: str, part: str, shape: Sequence[int], opset: int) -> str:
+    """The name of the file :func:`prepare_run` exports ``part`` of ``config`` to at
+    ``shape`` (H, W) and ``opset``."""
+    H, W = (int(s) for s in shape)
+    return f'{osp.splitext(osp.basename(config))[0]}_{part}_{H}x{W}_opset{opset}.onnx'
+
+
 class PreparedRun(NamedTuple):
     """One exported part of a config, not yet timed."""
     row: BenchmarkRow  #: the row without times (or with the reason its export failed)
@@ -203,10 +210,9 @@ def prepare_run(config: str,
         raise ValueError(f'part must be one of {PARTS}, got {part!r}')
     H, W = (int(s) for s in shape)
     name = osp.basename(config)
-    stem = osp.splitext(name)[0]
     error = None
     for opset in opsets:
-        path = osp.join(folder, f'{stem}_{part}_{H}x{W}_opset{opset}.onnx')
+        path = osp.join(folder, onnx_file_name(config, part, (H, W), opset))
         try:
             with _output_discarded():
                 what, make_runners = _export(config, part, (H, W), path, opset, block_mlps)

@@ -232,6 +232,8 @@ def _scan_nodes(prefix: str, nodes: Sequence, x: str, y: str, c_in: int, c_out: 
         helper.make_node('Concat', [n('lead'), n('c_out')], [n('out_shape')], axis=0),
         helper.make_node('Reshape', [n('y2d'), n('out_shape')], [y]),
     ]
+    for k, node in enumerate(out):  # named in the rewrite's scope, for profiles
+        node.name = node.name or n(f'{node.op_type}_{k}')
     return out, inits
 
 
