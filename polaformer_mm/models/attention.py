@@ -18,7 +18,8 @@ from ..ops.pola_attention.channels_first import pola_linear_attention_channels_f
 from ..ops.pola_attention.checks import check_alpha
 from ..utils.graph_forms import register_graph_form
 from .utils import (check_sizes, conv_token_map, depthwise_conv, nchw_to_nlc, nlc_to_nchw,
-                    pad_for_patches, resize_token_grid, softmax_attention, token_rows)
+                    pad_for_patches, resize_channels_first, resize_token_grid, softmax_attention,
+                    token_rows)
 
 FAMILIES = ('pvt', 'swin')
 
@@ -356,20 +357,15 @@ class PolaLinearAttention(nn.Module):
         x_kv, kv_hw = x, (H, W)
         if self.family == 'pvt' and self.reduction is not None:
             x_kv, kv_hw = self.reduction(x, hw_shape)
-        if pos_encoding is None:
-            pos_encoding = resize_token_grid(
-                self.positional_encoding, self.pos_grid, kv_hw, mode='bicubic')
         n = x_kv.shape[1]
         scale = F.softplus(self.scale).view(C, 1)
         tokens = with_ones(x)
         q = channels_first_projection(self._rows('q', scale), tokens)
         g = channels_first_projection(self._rows('g', None), tokens)
-        v = channels_first_projection(
-            self._rows('v', None), tokens if x_kv is x else with_ones(x_kv))
-        weight, bias = self._rows('k', scale)
-        k = channels_first_projection((weight, None), x_kv)  # P is added before the division
-        shift = pos_encoding.reshape(n, C).t() / scale
-        k = k + (shift if bias is None else bias + shift)
+        kv_tokens = tokens if x_kv is x else with_ones(x_kv)
+        v = channels_first_projection(self._rows('v', None), kv_tokens)
+        k = channels_first_projection(self._rows('k', scale), kv_tokens)
+        k = k + self.key_shift_channels_first(pos_encoding, kv_hw, scale)
         eps, key_weights = 1e-6, None
         if padding_mask is not None:
             check_sizes(lambda: None if padding_mask.shape == (B, N) else
@@ -383,6 +379,24 @@ class PolaLinearAttention(nn.Module):
             key_weights)
         y = (out.reshape(B, C, N) + self._local_term_channels_first(v, hw_shape)) * g
         return self._output_tokens(y)
+
+    def key_shift_channels_first(self, pos_encoding: Optional[Tensor], kv_hw: Sequence[int],
+                                 scale: Tensor) -> Tensor:
+        """What :meth:`forward_channels_first` adds to its keys (their projection, bias
+        included, divided by ``softplus(scale)``): ``P / softplus(scale)`` on the key grid
+        ``kv_hw``, channels first (C, n); ``scale``: ``softplus(scale)`` as (C, 1).
+
+        ``pos_encoding`` None: ``P`` is divided on its own grid and then resized
+        (:func:`~polaformer_mm.models.utils.resize_channels_first`: the resize is linear,
+        so this is ``P`` resized, then divided, up to rounding): a quotient of parameters,
+        which an export folds into one constant, and a resize that writes the
+        channels-first layout. Given (``P`` already on the key grid, (1, n, C) tokens),
+        it is transposed and divided."""
+        C = self.embed_dims
+        if pos_encoding is None:
+            shift = self.positional_encoding.reshape(-1, C).t() / scale
+            return resize_channels_first(shift, self.pos_grid, kv_hw, mode='bicubic')
+        return pos_encoding.reshape(-1, C).t() / scale
 
     def _output_tokens(self, y: Tensor) -> Tensor:
         """The output projection ``W_o y + b`` of channels-first ``y`` (B, C, N), as

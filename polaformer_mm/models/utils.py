@@ -168,6 +168,30 @@ def _captured_resize_token_grid(tokens: Tensor, src_hw: Tuple[int, int], dst_hw:
     return x.reshape(T, -1, C)
 
 
+def resize_channels_first(maps: Tensor, src_hw: Sequence[int], dst_hw: Sequence[int],
+                          mode: str) -> Tensor:
+    """Resize (C, Hs*Ws) channels-first maps laid out on ``src_hw`` to ``dst_hw``:
+    (C, Hd*Wd), the transpose of :func:`resize_token_grid`'s result for the transposed
+    input (the same interpolation matrices, the same values up to rounding). The second
+    product writes the channels-first result directly, so a graph that adds it to
+    channels-first tensors needs no ``Transpose``. Returned as they are when the grids
+    agree, but under a graph capture (a captured ``dst_hw`` stands for any size)."""
+    src_hw, dst_hw = tuple(src_hw), tuple(dst_hw)
+    C = maps.shape[0]
+    (Hs, Ws), (Hd, Wd) = src_hw, dst_hw
+    if graph_capture():
+        rows = _captured_interpolation_matrix(Hs, Hd, mode, maps)
+        cols = _captured_interpolation_matrix(Ws, Wd, mode, maps)
+    elif src_hw == dst_hw:
+        return maps
+    else:
+        rows = interpolation_matrix(Hs, Hd, mode, maps.device, maps.dtype)
+        cols = interpolation_matrix(Ws, Wd, mode, maps.device, maps.dtype)
+    x = torch.matmul(maps.reshape(C * Hs, Ws), cols.transpose(0, 1))  # (C*Hs, Wd)
+    x = torch.matmul(rows, x.reshape(C, Hs, -1))  # (C, Hd, Wd)
+    return x.reshape(C, -1)
+
+
 def resize_token_grid(tokens: Tensor, src_hw: Sequence[int], dst_hw: Sequence[int],
                       mode: str) -> Tensor:
     """Resize (T, Hs*Ws, C) tokens laid out on ``src_hw`` to ``dst_hw``: the result
@@ -203,12 +227,15 @@ class StagePositionalEncodings:
     """The positional encodings of a stage's Pola blocks on the runtime key grid.
 
     All ``P`` that need resizing to the same grid are resized in one bicubic call
-    (gradients still reach every block's own ``P``); under a graph capture each alone.
-    With gradients off (inference) the result is kept per key grid until a ``P`` changes
-    (its version counter), device or dtype; with gradients on it is computed at every
-    call. Under a graph capture (trace, export, ``torch.compile``) every ``P`` is
-    resized by recorded operators, whatever the grids at capture time (a captured grid
-    stands for any size), and nothing is cached or read from the cache.
+    (gradients still reach every block's own ``P``). With gradients off (inference) the
+    result is kept per key grid until a ``P`` changes (its version counter), device or
+    dtype; with gradients on it is computed at every call. Under a graph capture (trace,
+    export, ``torch.compile``) it gives None for every module: each resizes its own
+    ``P`` by recorded operators, whatever the grids at capture time (a captured grid
+    stands for any size), in the layout its graph form adds it in (a graph runtime
+    copies the parts of a stacked resize, and the channels-first form of
+    :class:`~polaformer_mm.models.attention.PolaLinearAttention` resizes ``P`` folded
+    with its key bias and scale: one constant before the resize); nothing is cached.
     """
 
     def __init__(self):
@@ -221,16 +248,14 @@ class StagePositionalEncodings:
         :class:`~polaformer_mm.models.attention.PolaLinearAttention` whose grid differs
         from its key grid, else None (the module uses its own ``P``, or is no Pola
         module: None, or a module without ``positional_encoding``)."""
-        capture = graph_capture()
-        todo = [
-            i for i, m in enumerate(modules)
-            if getattr(m, 'positional_encoding', None) is not None and (
-                capture or m.key_grid(hw_shape) != m.pos_grid)
+        todo = [] if graph_capture() else [
+            i for i, m in enumerate(modules) if getattr(m, 'positional_encoding', None) is not None
+            and m.key_grid(hw_shape) != m.pos_grid
         ]
         if not todo:
             return [None] * len(modules)
         params = [modules[i].positional_encoding for i in todo]
-        cache = not torch.is_grad_enabled() and not capture
+        cache = not torch.is_grad_enabled()
         if cache:
             key = (tuple(hw_shape), tuple(todo),
                    tuple((id(p), p._version, p.device, p.dtype) for p in params))
@@ -244,11 +269,6 @@ class StagePositionalEncodings:
             groups.setdefault((m.pos_grid, m.sr_ratio), []).append(i)
         for (src, _), indices in groups.items():
             dst = modules[indices[0]].key_grid(hw_shape)
-            if capture:  # each alone: a graph runtime copies the parts of a split
-                for i in indices:
-                    out[i] = resize_token_grid(
-                        modules[i].positional_encoding, src, dst, mode='bicubic')
-                continue
             stacked = torch.cat([modules[i].positional_encoding for i in indices])
             resized = resize_token_grid(stacked, src, dst, mode='bicubic')
             for i, encoding in zip(indices, resized.split(1)):

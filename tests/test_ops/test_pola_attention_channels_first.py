@@ -1,14 +1,21 @@
 """The channels-first form of the op (what an ONNX export records) gives the plain
 formulation's results: any head width (even, odd, one channel), padding keys given as key
 weights (with zero values) in place of zero keys, a tensor eps, magnitudes far from 1,
-half precision computed in float32; and the module's channels-first forward gives its
-forward for both projection families, with and without spatial reduction and padding."""
+half precision computed in float32; its per-token channel maximum is exact; and the
+module's channels-first forward gives its forward for both projection families, with and
+without spatial reduction and padding, its keys' ``P`` divided by their scale before
+the resize."""
+import contextlib
+
 import pytest
 import torch
 
 from polaformer_mm.models import PolaLinearAttention
+from polaformer_mm.models.utils import resize_channels_first, resize_token_grid
 from polaformer_mm.ops.pola_attention import pola_linear_attention_plain
-from polaformer_mm.ops.pola_attention.channels_first import pola_linear_attention_channels_first
+from polaformer_mm.ops.pola_attention.channels_first import (channel_max,
+                                                             pola_linear_attention_channels_first)
+from polaformer_mm.utils.capture import exportable
 
 
 def _heads_first(t):  # (B, h, d, T) -> (B, h, T, d)
@@ -155,3 +162,35 @@ def test_float32_within_the_export_tolerance_of_the_plain_formulation(size, kind
     if kind == 'zero_keys':  # the head with zero keys: 0 / (0 + eps) in both
         assert peak > 0 and float(got[-1, 0].abs().max()) < 1e-30
     assert float((got.double() - want).abs().max()) <= 1e-4 * peak
+
+
+@pytest.mark.parametrize('d', [64, 32, 12, 7, 1])
+def test_channel_max_is_the_largest_entry_of_every_token(d):
+    """The two-step reduction over the channels (the form onnxruntime runs fastest) gives
+    exactly the one-step one, for a head width with divisors or without."""
+    x = torch.randn(2, 3, d, 11)
+    x[0, 1, d // 2, 4] = float('inf')
+    assert torch.equal(channel_max(x, d), x.max(dim=-2, keepdim=True)[0])
+
+
+@pytest.mark.parametrize('capture', [False, True])
+def test_key_shift_divided_before_the_resize_equals_the_resized_encoding(capture):
+    """``P / softplus(scale)`` on P's own grid, then resized channels first (the export's
+    form: parameters alone before the resize), equals ``P`` resized as tokens (the stage's
+    encodings), then divided; also where the grids agree and under a graph capture (which
+    records the resize at every grid)."""
+    torch.manual_seed(0)
+    module = PolaLinearAttention(16, 2, (5, 6))
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0, 0.3)
+    scale = torch.nn.functional.softplus(module.scale).view(16, 1)
+    for hw in [(5, 6), (9, 13), (3, 2), (1, 1)]:
+        resized = resize_token_grid(module.positional_encoding, (5, 6), hw, mode='bicubic')
+        want = module.key_shift_channels_first(resized, hw, scale)
+        with torch.no_grad(), (exportable() if capture else contextlib.nullcontext()):
+            got = module.key_shift_channels_first(None, hw, scale)
+            plain = resize_channels_first(module.positional_encoding[0].t(), (5, 6), hw, 'bicubic')
+        assert got.shape == (16, hw[0] * hw[1])
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(plain, resized[0].t(), rtol=1e-5, atol=1e-6)

@@ -171,16 +171,14 @@ class PolaViTAttention(PolaLinearAttention):
         B, L, C = x.shape
         H, W = hw_shape
         h, d = self.num_heads, self.head_dims
-        if pos_encoding is None:
-            pos_encoding = resize_token_grid(
-                self.positional_encoding, self.pos_grid, (H, W), mode='bicubic')
         scale = F.softplus(self.scale).view(C, 1)
         tokens = with_ones(x)
         q = channels_first_projection(self._rows('q', scale), tokens)
         k = channels_first_projection(self._rows('k', scale), tokens)
         v = channels_first_projection(self._rows('v', None), tokens)
         g = channels_first_projection(self._rows('g', None), tokens)
-        k = k + F.pad(pos_encoding.reshape(H * W, C).t() / scale, (1, 0))  # no P on the class key
+        # no P on the class key
+        k = k + F.pad(self.key_shift_channels_first(pos_encoding, (H, W), scale), (1, 0))
         keys, values = k.view(B, h, d, L), v.view(B, h, d, L)
         out = pola_linear_attention_channels_first(q[:, :, 1:].reshape(B, h, d, H * W), keys,
                                                    values, self.power, self.alpha, 1e-6)

@@ -31,6 +31,7 @@ least ``tiny``. The one difference: a zero input has magnitude ``exp(floor)`` (1
 sum it joins beyond rounding. The export tests compare this form, run by onnxruntime,
 with the eager model; the op tests compare it with the plain formulation.
 """
+import math
 from typing import Optional, Tuple
 
 import torch
@@ -39,19 +40,42 @@ from torch import Tensor
 from .checks import EpsType
 from .formulation import exp_floor, pola_exponent, value_split
 
-__all__ = ['pola_linear_attention_channels_first']
+__all__ = ['pola_linear_attention_channels_first', 'channel_max', 'channel_split']
+
+
+def channel_split(d: int) -> int:
+    """The largest divisor of ``d`` that is at most its square root (1 for a prime)."""
+    return max(a for a in range(1, math.isqrt(d) + 1) if d % a == 0)
+
+
+def channel_max(x: Tensor, d: int) -> Tensor:
+    """The largest entry over the ``d`` channels (dim -2) of channels-first ``x``
+    (B, h, d, T): (B, h, 1, T), exactly ``x.max(dim=-2, keepdim=True)[0]``.
+
+    Taken in two reductions, over the b and then the a channels of a reshape to
+    (B, h, a, b, T) (``d = a b``, :func:`channel_split`): onnxruntime reduces a middle
+    axis with nothing to parallelise over before it (one batch entry, one head: the
+    first stage of every family) many times slower than it reduces the same entries
+    with a axes of work before them."""
+    a = channel_split(d)
+    if a == 1:
+        return x.max(dim=-2, keepdim=True)[0]
+    parts = x.reshape(x.shape[0], x.shape[1], a, d // a, -1).max(dim=3)[0]  # (B, h, a, T)
+    return parts.max(dim=2, keepdim=True)[0]
 
 
 def _magnitude_and_signed(x: Tensor, p: Tensor, per_row: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """``(e, f, M)`` for channels-first ``x`` (B, h, d, T) and the exponent ``p``
     (1, h, d, 1): ``e = |x|^p exp(-M)``, ``f = sign(x) e`` (the sign as ``x / |x|``,
     ``|x|`` at least ``tiny``), ``M`` the largest ``p log|x|`` of each token
-    (``per_row``, (B, h, 1, T)) or of the whole (batch, head) ((B, h, 1, 1)), at least 0."""
+    (``per_row``, (B, h, 1, T): :func:`channel_max`) or of the whole (batch, head)
+    ((B, h, 1, 1): over the tokens first, the contiguous axis), at least 0."""
     magnitude = torch.abs(x).clamp_min(torch.finfo(x.dtype).tiny)
     scaled = torch.log(magnitude) * p
-    shift = scaled.max(dim=-2, keepdim=True)[0]
-    if not per_row:
-        shift = shift.max(dim=-1, keepdim=True)[0]
+    if per_row:
+        shift = channel_max(scaled, int(p.shape[-2]))
+    else:
+        shift = scaled.max(dim=-1, keepdim=True)[0].max(dim=-2, keepdim=True)[0]
     shift = shift.clamp_min(0)
     e = torch.exp((scaled - shift).clamp_min(exp_floor(x.dtype)))
     return e, e * (x / magnitude), shift
