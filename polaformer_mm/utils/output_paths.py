@@ -4,13 +4,16 @@ hour must not find at its end that it cannot write its results.
 :func:`check_output_dir` makes a folder (if missing) and writes a probe file in it;
 :func:`check_output_file` checks that a file can be created (or overwritten) where it is
 named, without leaving one behind. Both raise :class:`OutputPathError` naming the option
-and the path, for the command line to print as a usage error.
+and the path, for the command line to print as a usage error. :func:`check_run_options`
+checks what the ONNX benchmark and profile tools share: their CONFIG H W triples and their
+``--out-md``, ``--out-json`` and ``--work-dir``.
 """
 import os
 import os.path as osp
 import tempfile
+from typing import Any, Callable, Optional, Sequence
 
-__all__ = ['OutputPathError', 'check_output_dir', 'check_output_file']
+__all__ = ['OutputPathError', 'check_output_dir', 'check_output_file', 'check_run_options']
 
 
 class OutputPathError(ValueError):
@@ -61,3 +64,24 @@ def check_output_file(option: str, path: str) -> str:
         raise OutputPathError(f'{option} {path}: cannot write in {folder} ({_reason(err)})') \
             from None
     return target
+
+
+def check_run_options(error: Callable[[str], Any], triples: Sequence[str], out_md: Optional[str],
+                      out_json: Optional[str], work_dir: Optional[str]) -> None:
+    """Check a command line's CONFIG H W ``triples`` (integer H and W) and its output
+    options (:func:`check_output_file` for ``--out-md`` / ``--out-json``,
+    :func:`check_output_dir` for ``--work-dir``); ``error`` (an argument parser's
+    ``error``) is called with the first problem's message."""
+    if len(triples) % 3:
+        error('runs are CONFIG H W triples')
+    for i in range(0, len(triples), 3):
+        if not (triples[i + 1].isdigit() and triples[i + 2].isdigit()):
+            error(f'runs are CONFIG H W triples: {" ".join(triples[i:i + 3])} has no integer H W')
+    try:
+        for option, out in (('--out-md', out_md), ('--out-json', out_json)):
+            if out:
+                check_output_file(option, out)
+        if work_dir:
+            check_output_dir('--work-dir', work_dir)
+    except OutputPathError as err:
+        error(str(err))

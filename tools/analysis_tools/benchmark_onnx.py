@@ -106,12 +106,6 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument(
         '--out-json', default=None, help='write the rows (JSON) here (its folder must exist)')
     args = parser.parse_args(argv)
-    if len(args.runs) % 3:
-        parser.error('runs are CONFIG H W triples')
-    for i in range(0, len(args.runs), 3):
-        if not (args.runs[i + 1].isdigit() and args.runs[i + 2].isdigit()):
-            parser.error(f'runs are CONFIG H W triples: {" ".join(args.runs[i:i + 3])} has no '
-                         'integer H W')
     if args.repeats < 1 or args.warmup < 0 or args.rounds < 1:
         parser.error('--repeats and --rounds must be >= 1 and --warmup >= 0')
     if args.threads is not None and args.threads < 1:
@@ -119,14 +113,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     if args.roofline and 'end2end' in args.parts:
         parser.error('--roofline counts the FLOPs of the backbone and tensor parts: drop end2end '
                      'from --parts (its post-processing has no count)')
-    try:  # before any export: a run must not find at its end that it cannot write
-        for option, out in (('--out-md', args.out_md), ('--out-json', args.out_json)):
-            if out:
-                output_paths.check_output_file(option, out)
-        if args.work_dir:
-            output_paths.check_output_dir('--work-dir', args.work_dir)
-    except output_paths.OutputPathError as err:
-        parser.error(str(err))
+    # before any export: a run must not find at its end that it cannot write
+    output_paths.check_run_options(parser.error, args.runs, args.out_md, args.out_json,
+                                   args.work_dir)
     return args
 
 

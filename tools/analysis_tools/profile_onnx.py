@@ -74,24 +74,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument(
         '--out-json', default=None, help='write the numbers (JSON) here (its folder must exist)')
     args = parser.parse_args(argv)
-    if len(args.runs_) % 3:
-        parser.error('runs are CONFIG H W triples')
-    for i in range(0, len(args.runs_), 3):
-        if not (args.runs_[i + 1].isdigit() and args.runs_[i + 2].isdigit()):
-            parser.error(f'runs are CONFIG H W triples: {" ".join(args.runs_[i:i + 3])} has no '
-                         'integer H W')
     if args.runs < 1 or args.top < 1:
         parser.error('--runs and --top must be >= 1')
     if args.threads is not None and args.threads < 1:
         parser.error('--threads must be >= 1')
-    try:  # before any export: a run must not find at its end that it cannot write
-        for option, out in (('--out-md', args.out_md), ('--out-json', args.out_json)):
-            if out:
-                output_paths.check_output_file(option, out)
-        if args.work_dir:
-            output_paths.check_output_dir('--work-dir', args.work_dir)
-    except output_paths.OutputPathError as err:
-        parser.error(str(err))
+    # before any export: a run must not find at its end that it cannot write
+    output_paths.check_run_options(parser.error, args.runs_, args.out_md, args.out_json,
+                                   args.work_dir)
     return args
 
 
