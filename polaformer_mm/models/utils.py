@@ -234,8 +234,8 @@ class StagePositionalEncodings:
     ``P`` by recorded operators, whatever the grids at capture time (a captured grid
     stands for any size), in the layout its graph form adds it in (a graph runtime
     copies the parts of a stacked resize, and the channels-first form of
-    :class:`~polaformer_mm.models.attention.PolaLinearAttention` resizes ``P`` folded
-    with its key bias and scale: one constant before the resize); nothing is cached.
+    :class:`~polaformer_mm.models.attention.PolaLinearAttention` resizes ``P`` already
+    divided by its scale: one constant before the resize); nothing is cached.
     """
 
     def __init__(self):

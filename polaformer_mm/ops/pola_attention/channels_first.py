@@ -52,11 +52,11 @@ def channel_max(x: Tensor, d: int) -> Tensor:
     """The largest entry over the ``d`` channels (dim -2) of channels-first ``x``
     (B, h, d, T): (B, h, 1, T), exactly ``x.max(dim=-2, keepdim=True)[0]``.
 
-    Taken in two reductions, over the b and then the a channels of a reshape to
-    (B, h, a, b, T) (``d = a b``, :func:`channel_split`): onnxruntime reduces a middle
-    axis with nothing to parallelise over before it (one batch entry, one head: the
-    first stage of every family) many times slower than it reduces the same entries
-    with a axes of work before them."""
+    Taken in two reductions of a reshape to (B, h, a, b, T) (``d = a b``,
+    :func:`channel_split`), over its b and then its a channels: onnxruntime reduces the
+    middle axis of a tensor with nothing before it to work on side by side (one batch
+    entry and one head, as in the first stage of PVT and PVTv2) many times slower than
+    the same values split into a groups."""
     a = channel_split(d)
     if a == 1:
         return x.max(dim=-2, keepdim=True)[0]
