@@ -55,7 +55,7 @@ def channel_max(x: Tensor, d: int) -> Tensor:
     Taken in two reductions of a reshape to (B, h, a, b, T) (``d = a b``,
     :func:`channel_split`), over its b and then its a channels: onnxruntime reduces the
     middle axis of a tensor with nothing before it to work on side by side (one batch
-    entry and one head, as in the first stage of PVT and PVTv2) many times slower than
+    entry and one head, as in the first stage of the pyramid backbones) many times slower than
     the same values split into a groups."""
     a = channel_split(d)
     if a == 1:
