@@ -172,21 +172,16 @@ def resize_channels_first(maps: Tensor, src_hw: Sequence[int], dst_hw: Sequence[
                           mode: str) -> Tensor:
     """Resize (C, Hs*Ws) channels-first maps laid out on ``src_hw`` to ``dst_hw``:
     (C, Hd*Wd), the transpose of :func:`resize_token_grid`'s result for the transposed
-    input (the same interpolation matrices, the same values up to rounding). The second
-    product writes the channels-first result directly, so a graph that adds it to
-    channels-first tensors needs no ``Transpose``. Returned as they are when the grids
-    agree, but under a graph capture (a captured ``dst_hw`` stands for any size)."""
-    src_hw, dst_hw = tuple(src_hw), tuple(dst_hw)
+    input (the same weights, the same values up to rounding). The second product writes
+    the channels-first result directly, so a graph that adds it to channels-first tensors
+    needs no ``Transpose``. The resize of the channels-first graph form of the Pola
+    attention: its interpolation matrices are read off in the tensor operations at every
+    call (:func:`_captured_interpolation_matrix`, identities where the grids agree), so
+    the same operations serve an eager call and any size a graph computes."""
     C = maps.shape[0]
-    (Hs, Ws), (Hd, Wd) = src_hw, dst_hw
-    if graph_capture():
-        rows = _captured_interpolation_matrix(Hs, Hd, mode, maps)
-        cols = _captured_interpolation_matrix(Ws, Wd, mode, maps)
-    elif src_hw == dst_hw:
-        return maps
-    else:
-        rows = interpolation_matrix(Hs, Hd, mode, maps.device, maps.dtype)
-        cols = interpolation_matrix(Ws, Wd, mode, maps.device, maps.dtype)
+    (Hs, Ws), (Hd, Wd) = tuple(src_hw), tuple(dst_hw)
+    rows = _captured_interpolation_matrix(Hs, Hd, mode, maps)
+    cols = _captured_interpolation_matrix(Ws, Wd, mode, maps)
     x = torch.matmul(maps.reshape(C * Hs, Ws), cols.transpose(0, 1))  # (C*Hs, Wd)
     x = torch.matmul(rows, x.reshape(C, Hs, -1))  # (C, Hd, Wd)
     return x.reshape(C, -1)
