@@ -37,7 +37,7 @@ __all__ = [
     'PARTS', 'OPSETS', 'BenchmarkRow', 'benchmark_run', 'format_markdown', 'write_json',
     'quiet_model_logs', 'missing_operator_opset', 'cpu_description', 'PreparedRun', 'prepare_run',
     'time_prepared', 'exit_code', 'PEAK_SIZE', 'count_flops', 'matmul_peak', 'with_flops',
-    'peak_fraction', 'onnx_file_name'
+    'peak_fraction', 'onnx_file_name', 'add_run_arguments'
 ]
 
 #: What a run exports: the backbone's stage maps, the tensor part of the model, or the
@@ -428,3 +428,30 @@ def matmul_peak(threads: Optional[int] = None,
     rng = np.random.default_rng(0)
     feed = {n: rng.standard_normal((size, size), dtype=np.float32) for n in 'ab'}
     return 2 * size**3 / median_seconds(lambda: session.run(None, feed), repeats, warmup)
+
+
+def add_run_arguments(parser, work_dir_holds: str, markdown: str, rows: str) -> None:
+    """Add the options ``benchmark_onnx.py`` and ``profile_onnx.py`` share to ``parser``
+    (an ``argparse.ArgumentParser``): ``--opsets`` and ``--threads`` of the exports and
+    sessions, and the outputs ``--work-dir`` (holding ``work_dir_holds``), ``--out-md``
+    (``markdown``) and ``--out-json`` (``rows``); their checks:
+    :func:`polaformer_mm.utils.output_paths.check_run_options`."""
+    parser.add_argument(
+        '--opsets',
+        type=int,
+        nargs='+',
+        default=list(OPSETS),
+        help='opsets tried in turn when an export misses an operator (default: 11 13 17)')
+    parser.add_argument(
+        '--threads',
+        type=int,
+        default=None,
+        help="onnxruntime's intra-op threads (default: PyTorch's thread count)")
+    parser.add_argument(
+        '--work-dir',
+        default=None,
+        help=f'where {work_dir_holds} go, made if missing (default: a temporary folder)')
+    parser.add_argument(
+        '--out-md', default=None, help=f'write {markdown} (Markdown) here (its folder must exist)')
+    parser.add_argument(
+        '--out-json', default=None, help=f'write {rows} (JSON) here (its folder must exist)')

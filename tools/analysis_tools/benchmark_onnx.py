@@ -77,17 +77,6 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         default=1,
         help='time all rows this many times over; the medians are of all rounds (default: 1)')
     parser.add_argument(
-        '--opsets',
-        type=int,
-        nargs='+',
-        default=list(benchmark.OPSETS),
-        help='opsets tried in turn when an export misses an operator (default: 11 13 17)')
-    parser.add_argument(
-        '--threads',
-        type=int,
-        default=None,
-        help="onnxruntime's intra-op threads (default: PyTorch's thread count)")
-    parser.add_argument(
         '--no-block-mlps',
         action='store_true',
         help='export the MLPs as traced, not over blocks of tokens (the rewrite every export '
@@ -97,14 +86,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         action='store_true',
         help="add each row's counted FLOPs, its onnxruntime GFLOP/s and their fraction of this "
         "machine's float32 matrix-product peak (backbone and tensor parts)")
-    parser.add_argument(
-        '--work-dir',
-        default=None,
-        help='where the .onnx files go, made if missing (default: a temporary folder)')
-    parser.add_argument(
-        '--out-md', default=None, help='write the table (Markdown) here (its folder must exist)')
-    parser.add_argument(
-        '--out-json', default=None, help='write the rows (JSON) here (its folder must exist)')
+    benchmark.add_run_arguments(parser, 'the .onnx files', 'the table', 'the rows')
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.warmup < 0 or args.rounds < 1:
         parser.error('--repeats and --rounds must be >= 1 and --warmup >= 0')

@@ -52,27 +52,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         default='backbone',
         help='what to export and profile of every config (default: backbone)')
     parser.add_argument('--runs', type=int, default=6, help='profiled runs after one warm-up')
-    parser.add_argument(
-        '--threads',
-        type=int,
-        default=None,
-        help="onnxruntime's intra-op threads (default: PyTorch's thread count)")
-    parser.add_argument(
-        '--opsets',
-        type=int,
-        nargs='+',
-        default=list(benchmark.OPSETS),
-        help='opsets tried in turn when an export misses an operator (default: 11 13 17)')
     parser.add_argument('--top', type=int, default=12, help='op types listed (default: 12)')
-    parser.add_argument(
-        '--work-dir',
-        default=None,
-        help='where the .onnx files and traces go, made if missing (default: a temporary '
-        'folder)')
-    parser.add_argument(
-        '--out-md', default=None, help='write the report (Markdown) here (its folder must exist)')
-    parser.add_argument(
-        '--out-json', default=None, help='write the numbers (JSON) here (its folder must exist)')
+    benchmark.add_run_arguments(parser, 'the .onnx files and traces', 'the report', 'the numbers')
     args = parser.parse_args(argv)
     if args.runs < 1 or args.top < 1:
         parser.error('--runs and --top must be >= 1')
