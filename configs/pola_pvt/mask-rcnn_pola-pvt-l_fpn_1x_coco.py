@@ -1,7 +1,7 @@
-# Pola-PVT-L + Mask R-CNN FPN, COCO 1x, PVT protocol (PolaFormer paper, Mask R-CNN
-# 1x with Pola-PVT): everything (data, 1x schedule, AdamW lr 1e-4 wd 1e-4, 8x2 images)
-# is inherited from the softmax baseline mask-rcnn_pvt-l_fpn_1x_coco.py; only the
-# backbone is swapped. PVT out channels 64/128/320/512, as the baseline's.
+# Pola-PVT-L + Mask R-CNN FPN, COCO 1x: the softmax baseline mask-rcnn_pvt-l_fpn_1x_coco.py (the
+# recipe of Agent-Attention's agent_pvt_l_mrcnn_1x_12-16-28-28.py) with only the backbone
+# swapped for Pola-PVT-L ('LLLL', drop path 0.2 as the baseline's, out channels 64/128/320/512).
+# Each setting with its source: docs/user_guides/protocol.md.
 _base_ = './mask-rcnn_pvt-l_fpn_1x_coco.py'
 
 custom_imports = dict(imports=['polaformer_mm'], allow_failed_imports=False)
@@ -12,7 +12,7 @@ model = dict(
         type='PolaPVT',
         arch='large',
         attn_types='LLLL',
-        drop_path_rate=0.1,  # as mmdet's / official PVT detection backbones
+        drop_path_rate=0.2,  # agent_pvt_l_mrcnn_1x, as the baseline
         out_indices=(0, 1, 2, 3),
         init_cfg=dict(type='Pretrained', checkpoint='checkpoints/pola_pvt_l_mm.pth')),
     neck=dict(in_channels=[64, 128, 320, 512]))

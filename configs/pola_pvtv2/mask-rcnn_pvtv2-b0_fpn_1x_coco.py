@@ -28,3 +28,5 @@ model = dict(
     neck=dict(in_channels=[32, 64, 160, 256]))
 
 optim_wrapper = dict(optimizer=dict(_delete_=True, type='AdamW', lr=0.0001, weight_decay=0.0001))
+
+randomness = dict(seed=0)

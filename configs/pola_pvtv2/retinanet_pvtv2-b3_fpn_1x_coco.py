@@ -5,3 +5,5 @@
 _base_ = 'mmdet::pvt/retinanet_pvtv2-b3_fpn_1x_coco.py'
 
 custom_imports = dict(imports=['polaformer_mm'], allow_failed_imports=False)
+
+randomness = dict(seed=0)

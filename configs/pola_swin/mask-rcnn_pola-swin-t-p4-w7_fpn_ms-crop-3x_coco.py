@@ -1,8 +1,8 @@
-# Pola-Swin-T + Mask R-CNN FPN, COCO 3x (multi-scale + crop), Swin protocol (PolaFormer paper,
-# Mask R-CNN with Pola-Swin). Data, schedule and optimizer (AdamW lr 1e-4 wd 0.05 with the
-# custom_keys rules) come from the softmax baseline
-# mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py;
-# only the backbone is swapped (drop path 0.2 and out channels 96/192/384/768, as there).
+# Pola-Swin-T + Mask R-CNN FPN, COCO 3x with multi-scale crops: the softmax baseline
+# mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py (the recipe of Agent-Attention's
+# agent_swin_t_mrcnn_3x_9-12-14-7.py) with only the backbone swapped for Pola-Swin-T ('LLSS',
+# the 'L' stages over the whole map, drop path 0.1 as the baseline's, out channels
+# 96/192/384/768). Each setting with its source: docs/user_guides/protocol.md.
 _base_ = './mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py'
 
 custom_imports = dict(imports=['polaformer_mm'], allow_failed_imports=False)
@@ -14,8 +14,10 @@ model = dict(
         arch='tiny',
         attn_types='LLSS',
         window_size=7,
-        linear_window_size=56,  # official windows; None: global (docs/user_guides/config.md)
-        drop_path_rate=0.2,
+        # 'L' stages over the whole stage map (unshifted, unpadded, P resized to the map), as
+        # the lineage's dense code runs its linear stages: docs/user_guides/config.md
+        linear_window_size=None,
+        drop_path_rate=0.1,
         out_indices=(0, 1, 2, 3),
         init_cfg=dict(type='Pretrained', checkpoint='checkpoints/pola_swin_t_mm.pth')),
     neck=dict(in_channels=[96, 192, 384, 768]))

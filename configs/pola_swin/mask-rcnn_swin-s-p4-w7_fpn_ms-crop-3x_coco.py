@@ -1,8 +1,8 @@
-# Softmax baseline, Swin 3x protocol: Swin-S + Mask R-CNN FPN, COCO 3x multi-scale +
-# crop. The -t config of this folder with Swin-S depths and weights, as mmdet derives its
-# Swin-S configs. mmdet's own Swin-S 3x config is the AMP variant
-# `swin/mask-rcnn_swin-s-p4-w7_fpn_amp-ms-crop-3x_coco.py` (same settings in mixed
-# precision); this one stays fp32, like the -t 3x it inherits. Drop path 0.2, as there.
+# Softmax baseline, Swin Mask R-CNN 3x protocol (see
+# mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py): Swin-S + Mask R-CNN FPN, COCO 3x multi-scale +
+# crop, AdamW lr 1e-4 wd 0.05, drop path 0.1, float32 (Agent-Attention's
+# agent_swin_s_mrcnn_3x_9-12-14-7.py). The -t config with Swin-S depths and weights, as mmdet
+# derives its Swin-S configs.
 _base_ = './mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py'
 
 custom_imports = dict(imports=['polaformer_mm'], allow_failed_imports=False)

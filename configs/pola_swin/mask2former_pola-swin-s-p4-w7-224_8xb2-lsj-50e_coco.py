@@ -1,9 +1,9 @@
 # Pola-Swin-S + Mask2Former, COCO instance segmentation, large-scale jitter 1024x1024, 8x2
 # images, 368750 iterations (~50 epochs), AdamW lr 1e-4 wd 0.05 with backbone lr x0.1, gradient
-# clip 0.01, drop path 0.3; Mask2Former Swin protocol. Data, heads, schedule and optimizer
-# (with the custom_keys rules) come from the softmax baseline
-# mask2former_swin-s-p4-w7-224_8xb2-lsj-50e_coco.py; only the backbone is swapped (drop path
-# 0.3 and out channels 96/192/384/768, as there).
+# clip 0.01, drop path 0.3; Mask2Former Swin protocol. Data, heads, schedule and optimizer (with
+# the custom_keys rules) come from the softmax baseline
+# mask2former_swin-s-p4-w7-224_8xb2-lsj-50e_coco.py; only the backbone is swapped (drop path 0.3
+# and out channels 96/192/384/768, as there).
 _base_ = './mask2former_swin-s-p4-w7-224_8xb2-lsj-50e_coco.py'
 
 custom_imports = dict(imports=['polaformer_mm'], allow_failed_imports=False)
@@ -15,7 +15,9 @@ model = dict(
         arch='small',
         attn_types='LLSS',
         window_size=7,
-        linear_window_size=56,  # official windows; None: global (docs/user_guides/config.md)
+        # 'L' stages over the whole stage map (unshifted, unpadded, P resized to the map), as
+        # the lineage's dense code runs its linear stages: docs/user_guides/config.md
+        linear_window_size=None,
         drop_path_rate=0.3,
         out_indices=(0, 1, 2, 3),
         init_cfg=dict(type='Pretrained', checkpoint='checkpoints/pola_swin_s_mm.pth')),

@@ -15,9 +15,9 @@ model = dict(
         arch='small',
         attn_types='LLSS',
         window_size=7,
-        linear_window_size=56,  # None: global (docs/user_guides/config.md)
-        # windows balanced over the map: no 56x56 window padding 128 to 168 tokens a side
-        linear_window_layout='balanced',
+        # 'L' stages over the whole stage map (unshifted, unpadded, P resized to the map), as
+        # the lineage's dense code runs its linear stages: docs/user_guides/config.md
+        linear_window_size=None,
         drop_path_rate=0.3,
         out_indices=(0, 1, 2, 3),
         init_cfg=dict(type='Pretrained', checkpoint='checkpoints/pola_swin_s_mm.pth')),

@@ -21,3 +21,5 @@ optim_wrapper = dict(
             'positional_encoding': dict(lr_mult=0.1, decay_mult=0.0),
             'pos_embed': dict(lr_mult=0.1, decay_mult=0.0),
         }))
+
+randomness = dict(seed=0)

@@ -1,8 +1,8 @@
-# Pola-Swin-T + UperNet, ADE20K, Swin UperNet protocol (PolaFormer paper,
-# UperNet 160k with Pola-Swin). Data, schedule and optimizer (512x512, 8x2, 160k, AdamW
-# lr 6e-5 wd 0.01, 1500-iter warm-up + poly, custom_keys rules) come from the softmax
-# baseline upernet_swin-t_8xb2-160k_ade20k-512x512.py; only the backbone is swapped
-# (drop path 0.3 as mmseg's Swin UperNet; out channels [96, 192, 384, 768]).
+# Pola-Swin-T + UperNet, ADE20K 512x512, 160k iterations: the softmax baseline
+# upernet_swin-t_8xb2-160k_ade20k-512x512.py (the recipe of Agent-Attention's
+# upernet_agent_swin_t_9-12-14-7.py) with only the backbone swapped for Pola-Swin-T ('LLSS', the
+# 'L' stages over the whole map, drop path 0.3 as the baseline's, out channels 96/192/384/768).
+# Each setting with its source: docs/user_guides/protocol.md.
 _base_ = './upernet_swin-t_8xb2-160k_ade20k-512x512.py'
 
 custom_imports = dict(imports=['polaformer_mm'], allow_failed_imports=False)
@@ -15,9 +15,9 @@ model = dict(
         arch='tiny',
         attn_types='LLSS',
         window_size=7,
-        linear_window_size=56,  # None: global (docs/user_guides/config.md)
-        # windows balanced over the map: no 56x56 window padding 128 to 168 tokens a side
-        linear_window_layout='balanced',
+        # 'L' stages over the whole stage map (unshifted, unpadded, P resized to the map), as
+        # the lineage's dense code runs its linear stages: docs/user_guides/config.md
+        linear_window_size=None,
         drop_path_rate=0.3,
         out_indices=(0, 1, 2, 3),
         init_cfg=dict(type='Pretrained', checkpoint='checkpoints/pola_swin_t_mm.pth')),

@@ -1,6 +1,6 @@
 # Softmax baseline, Swin UperNet protocol (see upernet_swin-t_8xb2-160k_ade20k-512x512.py):
-# Swin-S + UperNet, ADE20K 512x512, 8x2, 160k, AdamW lr 6e-5 wd 0.01, drop path 0.3. The
-# -t config with the delta of mmseg's
+# Swin-S + UperNet, ADE20K 512x512, 8x2, 160k, AdamW lr 6e-5 wd 0.01, drop path 0.3
+# (Agent-Attention's upernet_agent_swin_s_9-12-14-7.py). The -t config with the delta of mmseg's
 # `swin/swin-small-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py`.
 _base_ = './upernet_swin-t_8xb2-160k_ade20k-512x512.py'
 

@@ -26,3 +26,5 @@ optim_wrapper = dict(
             'norm': dict(decay_mult=0.),
             'positional_encoding': dict(decay_mult=0.),
         }))
+
+randomness = dict(seed=0)

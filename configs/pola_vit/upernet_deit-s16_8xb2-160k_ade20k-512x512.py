@@ -38,3 +38,5 @@ param_scheduler = [
 ]
 train_cfg = dict(type='IterBasedTrainLoop', max_iters=160000, val_interval=16000)
 default_hooks = dict(checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=16000))
+
+randomness = dict(seed=0)

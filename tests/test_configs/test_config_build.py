@@ -14,16 +14,15 @@ import importlib
 import json
 import os.path as osp
 import re
-from functools import lru_cache
 
 import pytest
 import torch
-from mmengine.config import Config
 from mmengine.registry import DefaultScope
 
 from polaformer_mm.analysis.flops import measure_configs
 from polaformer_mm.engine.model_check import check_model_channels
 from tests import REPO
+from tests._configs import load_config
 
 CONFIG_DIR = osp.join(REPO, 'configs')
 POLA_TYPES = ('PolaPVT', 'PolaSwin', 'PolaPVTv2', 'PolaViT')
@@ -60,11 +59,7 @@ def _config_files():
 
 CONFIGS = _config_files()
 
-
-@lru_cache(maxsize=None)
-def _load(path):
-    # Config.fromfile also imports the config's custom_imports (allow_failed=False)
-    return Config.fromfile(osp.join(REPO, path))
+_load = load_config  # Config.fromfile also imports the config's custom_imports
 
 
 def _registry(scope):

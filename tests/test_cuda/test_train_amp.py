@@ -34,7 +34,7 @@ pytestmark = pytest.mark.slow
 CONFIGS = [
     'configs/pola_pvt/mask-rcnn_pola-pvt-t_fpn_1x_coco.py',
     'configs/pola_pvt/retinanet_pola-pvt-t_fpn_1x_coco.py',
-    'configs/pola_pvt/fpn_pola-pvt-t_4xb4-80k_ade20k-512x512.py',
+    'configs/pola_pvt/fpn_pola-pvt-t_8xb2-40k_ade20k-512x512.py',
     'configs/pola_swin/upernet_pola-swin-t_8xb2-160k_ade20k-512x512.py',
 ]
 

@@ -16,7 +16,7 @@ from .._smoke import smoke_cfg_options, smoke_config
 from .._tools import load_tool
 
 MASK_RCNN = osp.join(REPO, 'configs/pola_pvt/mask-rcnn_pola-pvt-t_fpn_1x_coco.py')
-SEG = osp.join(REPO, 'configs/pola_pvt/fpn_pola-pvt-t_4xb4-80k_ade20k-512x512.py')
+SEG = osp.join(REPO, 'configs/pola_pvt/fpn_pola-pvt-t_8xb2-40k_ade20k-512x512.py')
 RETINANET = osp.join(REPO, 'configs/pola_pvt/retinanet_pola-pvt-t_fpn_1x_coco.py')
 CLS = osp.join(REPO, 'configs/imagenet/pola-pvt-tiny_8xb128_in1k.py')
 

@@ -12,8 +12,8 @@ from .._tools import load_tool
 
 cli = load_tool('analysis_tools/profile_onnx.py', '_profile_onnx')
 
-POLA = f'{REPO}/configs/pola_pvt/fpn_pola-pvt-t_4xb4-80k_ade20k-512x512.py'
-BASE = f'{REPO}/configs/pola_pvt/fpn_pvt-t_4xb4-80k_ade20k-512x512.py'
+POLA = f'{REPO}/configs/pola_pvt/fpn_pola-pvt-t_8xb2-40k_ade20k-512x512.py'
+BASE = f'{REPO}/configs/pola_pvt/fpn_pvt-t_8xb2-40k_ade20k-512x512.py'
 MATMUL = '/model/layers.0/blocks.0/attn/MatMul'
 LOG = '/model/layers.0/blocks.0/attn/Log'
 BODY_MUL = '/model/layers.1/blocks.0/mlp/fc1/Mul'

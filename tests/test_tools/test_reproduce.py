@@ -25,8 +25,8 @@ from .. import REPO
 from .._smoke import smoke_cfg_options, synthetic_root
 from .._tools import load_tool
 
-POLA = 'fpn_pola-pvt-t_4xb4-80k_ade20k-512x512'
-SOFTMAX = 'fpn_pvt-t_4xb4-80k_ade20k-512x512'
+POLA = 'fpn_pola-pvt-t_8xb2-40k_ade20k-512x512'
+SOFTMAX = 'fpn_pvt-t_8xb2-40k_ade20k-512x512'
 
 
 @pytest.fixture(scope='module')
@@ -179,8 +179,9 @@ def test_dry_run_all_prints_commands_of_existing_configs(reproduce_tool, capsys,
     for path in glob.glob(osp.join(REPO, 'configs/pola_*/*pola-*.py')):
         expected |= {path, reproduce.softmax_config(path)}
     assert configs == expected
-    # protocol GPU counts: 8 for COCO and UperNet, 4 for Semantic FPN
-    assert 'dist_train.sh configs/pola_pvt/fpn_pola-pvt-t_4xb4-80k_ade20k-512x512.py 4 ' in out
+    # protocol GPU counts: 8 for COCO, UperNet and the PVT Semantic FPN, 4 for the PVTv2 one
+    assert 'dist_train.sh configs/pola_pvt/fpn_pola-pvt-t_8xb2-40k_ade20k-512x512.py 8 ' in out
+    assert 'dist_train.sh configs/pola_pvtv2/fpn_pola-pvtv2-b0_4xb4-80k_ade20k-512x512.py 4 ' in out
     assert 'dist_train.sh configs/pola_pvt/mask-rcnn_pola-pvt-t_fpn_1x_coco.py 8 ' in out
     assert 'mask-rcnn_pola-swin-s-p4-w7_fpn_ms-crop-3x_coco/epoch_36.pth' in out
     assert 'upernet_swin-b_8xb2-160k_ade20k-512x512/test_tta --tta' in out

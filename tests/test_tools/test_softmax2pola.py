@@ -66,7 +66,7 @@ def test_cli_warm_starts_a_repository_config(tmp_path):
     from mmdet.models.backbones import SwinTransformer
     torch.manual_seed(0)
     src = save(tmp_path / 'swin_t.pth', SwinTransformer().state_dict(), 'backbone.')
-    config = osp.join(REPO, 'configs/pola_swin/mask-rcnn_pola-swin-t-p4-w7_fpn_1x_coco.py')
+    config = osp.join(REPO, 'configs/pola_swin/mask-rcnn_pola-swin-t-p4-w7_fpn_ms-crop-1x_coco.py')
     dst = tmp_path / 'pola_swin_t.pth'
     proc = subprocess.run(
         [sys.executable,

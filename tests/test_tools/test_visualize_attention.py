@@ -26,12 +26,12 @@ IMAGE = osp.join(matplotlib.get_data_path(), 'sample_data', 'grace_hopper.jpg')
 PVT_CONFIG = osp.join(REPO, 'configs', 'quickstart', 'mask-rcnn_pola-pvt-nano_fpn_synthetic.py')
 PVT_BASELINE = osp.join(REPO, 'configs', 'pola_pvt', 'mask-rcnn_pvt-t_fpn_1x_coco.py')
 SEG_CONFIG = osp.join(REPO, 'configs', 'quickstart', 'fpn_pola-pvt-nano_synthetic-seg.py')
-SEG_BASELINE = osp.join(REPO, 'configs', 'pola_pvt', 'fpn_pvt-t_4xb4-80k_ade20k-512x512.py')
+SEG_BASELINE = osp.join(REPO, 'configs', 'pola_pvt', 'fpn_pvt-t_8xb2-40k_ade20k-512x512.py')
 
 # Pola-Swin with 'L' windows of 6 tokens: at 150 x 128 (padded to 160 x 128) stage 0 is
 # 40 x 32 tokens, stage 1 20 x 16, so both pad to whole windows and odd blocks shift.
 POLA_SWIN = """
-_base_ = '{root}/configs/pola_swin/mask-rcnn_pola-swin-t-p4-w7_fpn_1x_coco.py'
+_base_ = '{root}/configs/pola_swin/mask-rcnn_pola-swin-t-p4-w7_fpn_ms-crop-1x_coco.py'
 model = dict(
     backbone=dict(arch=dict(_delete_=True, embed_dims=16, depths=[2, 2, 2, 2],
                             num_heads=[1, 2, 2, 4]),
@@ -46,7 +46,7 @@ test_pipeline = [
 test_dataloader = dict(dataset=dict(pipeline=test_pipeline))
 """
 SWIN = """
-_base_ = '{root}/configs/pola_swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py'
+_base_ = '{root}/configs/pola_swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-1x_coco.py'
 model = dict(
     backbone=dict(embed_dims=16, depths=[2, 2, 2, 2], num_heads=[1, 2, 2, 4],
                   drop_path_rate=0., init_cfg=None),

@@ -419,6 +419,8 @@ _PVT_V1 = (r'^patch_embed1\.proj\.weight$', r'^pos_embed1$', r'^block1\.\d+\.att
 _PVT_MMDET = (r'^layers\.\d+\.0\.projection\.weight$', r'^layers\.\d+\.1\.0\.pos_embed$',
               r'^layers\.\d+\.1\.\d+\.attn\.attn\.in_proj_weight$')
 _PVT_SIZES = {'t': 'tiny', 's': 'small', 'm': 'medium', 'l': 'large'}
+# drop path of the Mask R-CNN configs (the lineage's, per size)
+_PVT_DROP_PATH = {'t': 0.1, 's': 0.2, 'm': 0.1, 'l': 0.2}
 
 
 def _pvt_benchmark() -> Dict[str, dict]:
@@ -432,13 +434,15 @@ def _pvt_benchmark() -> Dict[str, dict]:
                 type='PolaPVT',
                 arch=arch,
                 attn_types='LLLL',
-                drop_path_rate=0.1,
+                drop_path_rate=_PVT_DROP_PATH[k],
                 out_indices=(0, 1, 2, 3)),
             config=f'configs/pola_pvt/mask-rcnn_pola-pvt-{k}_fpn_1x_coco.py')
         named[f'pvt-{k}'] = dict(
             scope='mmdet',
             cfg=dict(
-                type='PyramidVisionTransformer', num_layers=list(PolaPVT.arch_zoo[arch]['depths'])),
+                type='PyramidVisionTransformer',
+                num_layers=list(PolaPVT.arch_zoo[arch]['depths']),
+                drop_path_rate=_PVT_DROP_PATH[k]),
             config=f'configs/pola_pvt/mask-rcnn_pvt-{k}_fpn_1x_coco.py')
     return named
 
@@ -466,7 +470,7 @@ FAMILY = register_family(
             'retinanet-1x':
             config_set('pola_pvt', 'retinanet_pola-pvt-{}_fpn_1x_coco.py', 'tsml', 'pvt'),
             'semantic-fpn':
-            config_set('pola_pvt', 'fpn_pola-pvt-{}_4xb4-80k_ade20k-512x512.py', 'tsml', 'pvt'),
+            config_set('pola_pvt', 'fpn_pola-pvt-{}_8xb2-40k_ade20k-512x512.py', 'tsml', 'pvt'),
             'cascade-mask-rcnn-3x':
             config_set('pola_pvt',
                        'cascade-mask-rcnn_pola-pvt-{}_fpn_4conv1fc-giou_amp-ms-crop-3x_coco.py',

@@ -566,22 +566,23 @@ _SWIN_OFFICIAL = (r'^patch_embed\.proj\.weight$', r'^layers\.\d+\.blocks\.\d+\.a
 _SWIN_MM = (r'^patch_embed\.projection\.weight$',
             r'^stages\.\d+\.blocks\.\d+\.attn\.w_msa\.qkv\.weight$')
 _SWIN_SIZES = {'t': 'tiny', 's': 'small', 'b': 'base'}
-# drop path as in the repo's configs: detection 0.2 (t, s), UperNet 0.3 (b, the only
-# size with no detection config)
-_SWIN_DROP_PATH = {'t': 0.2, 's': 0.2, 'b': 0.3}
+# drop path as in the configs: Mask R-CNN 0.1 (t, s), UperNet 0.5 (b, the only size with no
+# detection config)
+_SWIN_DROP_PATH = {'t': 0.1, 's': 0.1, 'b': 0.5}
 
 
 def _swin_benchmark() -> Dict[str, dict]:
     """Pola-Swin-T/S/B beside mmdet's SwinTransformer of the same size, as the Mask R-CNN
-    (T, S) and UperNet (B) configs build them."""
+    (T, S) and UperNet (B) configs build them ('L' stages over the whole map)."""
     named = {}
     for k, arch in _SWIN_SIZES.items():
-        config = ('configs/pola_swin/upernet_{}swin-b_8xb2-160k_ade20k-512x512.py'
-                  if k == 'b' else 'configs/pola_swin/mask-rcnn_{}swin-%s-p4-w7_fpn_1x_coco.py' % k)
+        config = ('configs/pola_swin/upernet_{}swin-b_8xb2-160k_ade20k-512x512.py' if k == 'b' else
+                  'configs/pola_swin/mask-rcnn_{}swin-%s-p4-w7_fpn_ms-crop-1x_coco.py' % k)
         common = dict(window_size=7, drop_path_rate=_SWIN_DROP_PATH[k], out_indices=(0, 1, 2, 3))
         named[f'pola-swin-{k}'] = dict(
             scope=None,
-            cfg=dict(type='PolaSwin', arch=arch, attn_types='LLSS', **common),
+            cfg=dict(
+                type='PolaSwin', arch=arch, attn_types='LLSS', linear_window_size=None, **common),
             config=config.format('pola-'))
         sizes = {
             key: list(v) if isinstance(v, (list, tuple)) else v
@@ -627,14 +628,14 @@ FAMILY = register_family(
         config_sizes='[tsb]',
         benchmark=_swin_benchmark,
         reproduce=dict([
-            _swin_configs('mask-rcnn-1x', 'mask-rcnn_pola-swin-{}-p4-w7_fpn_1x_coco.py', 'ts'),
+            _swin_configs('mask-rcnn-1x', 'mask-rcnn_pola-swin-{}-p4-w7_fpn_ms-crop-1x_coco.py',
+                          'ts'),
             _swin_configs('mask-rcnn-3x', 'mask-rcnn_pola-swin-{}-p4-w7_fpn_ms-crop-3x_coco.py',
                           'ts'),
             _swin_configs('upernet', 'upernet_pola-swin-{}_8xb2-160k_ade20k-512x512.py', 'tsb'),
             _swin_configs(
                 'cascade-mask-rcnn-3x',
-                'cascade-mask-rcnn_pola-swin-{}-p4-w7_fpn_4conv1fc-giou_amp-ms-crop-3x_coco.py',
-                'ts'),
+                'cascade-mask-rcnn_pola-swin-{}-p4-w7_fpn_4conv1fc-giou_ms-crop-3x_coco.py', 'ts'),
             _swin_configs('mask2former-coco',
                           'mask2former_pola-swin-{}-p4-w7-224_8xb2-lsj-50e_coco.py', 'ts'),
             _swin_configs('mask2former-coco-panoptic',
