@@ -19,8 +19,9 @@ difference is decided here, once, and the rest of the package calls these functi
 * :func:`has_fused_adamw` -- ``torch.optim.AdamW(fused=True)``: CUDA on every supported
   torch, the CPU from torch 2.4.
 * :data:`NUMPY_MULTIARRAY` -- numpy 2 moved ``numpy.core`` to ``numpy._core``.
-* :func:`triton_status` -- the fused kernels need Triton 3.0+ (``tl.dot(input_precision=)``,
-  ``autotune(prune_configs_by=)`` with a pruning function of their form).
+* :func:`triton_status` -- whether Triton imports, and is one the fused kernels support
+  (2.1, the Triton of torch 2.1, and later). The differences between Triton releases are
+  decided in :mod:`polaformer_mm.ops.pola_attention.triton_compat`, beside the kernels.
 
 Only torch and numpy are imported here (Triton lazily, by :func:`triton_status`).
 """
@@ -178,8 +179,8 @@ def legacy_onnx_export_api() -> Iterator[None]:
             del opset9._cast_Long
 
 
-#: Oldest Triton the fused kernels run with.
-MIN_TRITON = (3, 0)
+#: Oldest Triton the fused kernels run with (torch 2.1's).
+MIN_TRITON = (2, 1)
 
 
 class TritonStatus(NamedTuple):
