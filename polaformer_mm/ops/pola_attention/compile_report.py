@@ -202,8 +202,7 @@ def kernel_signature(name: str, dtype: str, constexprs: Dict[str, object]) -> Di
         raise ValueError(f'STORAGE_ARGS[{name!r}] names {sorted(unknown)}, which are not '
                          f'parameters of the kernel ({", ".join(params)})')
     missing = [
-        p.name for p in module.compat.parameters(fn)
-        if p.is_constexpr and p.name not in constexprs
+        p.name for p in module.compat.parameters(fn) if p.is_constexpr and p.name not in constexprs
     ]
     if missing:
         raise ValueError(f'kernel {name!r}: no value for its constexprs {", ".join(missing)}')

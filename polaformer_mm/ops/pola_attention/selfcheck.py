@@ -37,8 +37,8 @@ from .triton_backend import interpreting
 
 __all__ = [
     'Case', 'FULL_CASES', 'QUICK_CASES', 'TIMING_SHAPES', 'QUICK_TIMING_SHAPES', 'Row', 'Table',
-    'relative_error', 'make_inputs', 'with_subnormals', 'check_case', 'time_paths', 'summarize', 'run_selfcheck',
-    'write_json', 'environment', 'interpreting'
+    'relative_error', 'make_inputs', 'with_subnormals', 'check_case', 'time_paths', 'summarize',
+    'run_selfcheck', 'write_json', 'environment', 'interpreting'
 ]
 
 f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16

@@ -329,7 +329,8 @@ def _backward_launches(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: fl
     gp_k = torch.empty(bh, splits, 2, d, dtype=torch.float32, device=device)
     key_grid = lambda meta: (bh, splits, 2 * _cdiv(d, meta['BLOCK_J']))  # streams x tiles
     kernels.key_backward_kernel[key_grid](k, v, p, k_shift, g_kv, g_mean, g_k, gp_k, *k.stride(),
-                                          *v.stride(), *g_k.stride(), h, n, d, rows, splits, *meta, **opts)
+                                          *v.stride(), *g_k.stride(), h, n, d, rows, splits, *meta,
+                                          **opts)
     g_p = (gp_q.sum(dim=(1, 2)) + gp_k.sum(dim=(1, 2))).reshape(B, h, d).sum(dim=0)
     s = torch.sigmoid(power.detach().float()).reshape(h, d)
     g_power = g_p.mul_(s * (1 - s) * alpha).reshape(power.shape).to(power.dtype)

@@ -54,9 +54,9 @@ except ImportError:  # pragma: no cover
 
 __all__ = [
     'TRITON_VERSION', 'OutOfResources', 'dot', 'dot_acc', 'Param', 'parameters', 'autotune',
-    'make_config', 'config_options',
-    'LAUNCH_OPTIONS', 'split_launch', 'compile_on_device', 'loaded_usage', 'device_limits',
-    'usage_on_target', 'ptxas_path', 'target_compile_problem', 'interpreter_problem'
+    'make_config', 'config_options', 'LAUNCH_OPTIONS', 'split_launch', 'compile_on_device',
+    'loaded_usage', 'device_limits', 'usage_on_target', 'ptxas_path', 'target_compile_problem',
+    'interpreter_problem'
 ]
 
 #: The installed Triton's (major, minor, patch).
@@ -316,17 +316,18 @@ def _ptx_for_target_v2(jit_fn, signature: Dict[str, str], constexprs: Dict[str, 
     sig = {index[k]: v for k, v in signature.items() if v != 'constexpr'}
     constants = {index[k]: v for k, v in constexprs.items()}
     ttir = c.optimize_ttir(
-        c.ast_to_ttir(jit_fn, sig, c.instance_descriptor(), constants, debug=False,
-                      arch=capability), capability)
+        c.ast_to_ttir(
+            jit_fn, sig, c.instance_descriptor(), constants, debug=False, arch=capability),
+        capability)
     ttgir = c.optimize_ttgir(c.ttir_to_ttgir(ttir, num_warps), num_stages, capability)
     llir = c.ttgir_to_llir(ttgir, {}, capability)
     shared = c.get_shared_memory_size(ttgir)
     return c.llir_to_ptx(llir, capability), shared
 
 
-def _ptx_for_target(jit_fn, signature: Dict[str, str], constexprs: Dict[str, object],
-                    capability: int, num_warps: int,
-                    num_stages: int) -> Tuple[str, int, bool, Optional[str]]:
+def _ptx_for_target(jit_fn, signature: Dict[str, str], constexprs: Dict[str,
+                                                                        object], capability: int,
+                    num_warps: int, num_stages: int) -> Tuple[str, int, bool, Optional[str]]:
     """(PTX, shared memory per block, fp fusion, extra ptxas options) of ``jit_fn``
     compiled for sm_``capability`` without a GPU."""
     if TRITON_VERSION < (3, ):
@@ -340,8 +341,10 @@ def _ptx_for_target(jit_fn, signature: Dict[str, str], constexprs: Dict[str, obj
     else:  # constexprs are 'constants', out of the signature
         source = ASTSource(
             fn=jit_fn,
-            signature={k: v
-                       for k, v in signature.items() if v != 'constexpr'},
+            signature={
+                k: v
+                for k, v in signature.items() if v != 'constexpr'
+            },
             constants=dict(constexprs))
     compiled = triton.compile(
         source,
@@ -418,4 +421,3 @@ def _store_probe(X, n, BLOCK: tl.constexpr):
     """Store 1 into X[:n] (the interpreter's check)."""
     offs = tl.arange(0, BLOCK)
     tl.store(X + offs, tl.zeros([BLOCK], dtype=tl.float32) + 1., mask=offs < n)
-

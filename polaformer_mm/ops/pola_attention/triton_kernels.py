@@ -180,14 +180,18 @@ def prune_decisions(jit_fn, configs, args: dict, options: dict, target) -> List[
         elif index in kept:
             why = None
         else:
-            why = misfit_reason(usage, limits) or (
-                f'{usage.spill_stores} B of spill stores per thread, where other '
-                'configurations fit without')
+            why = misfit_reason(
+                usage,
+                limits) or (f'{usage.spill_stores} B of spill stores per thread, where other '
+                            'configurations fit without')
         decisions.append(Decision(config, usage, why))
     return decisions
 
 
-def fitting_configs(jit_fn, configs, named_args: dict, target: Optional[RunningGPU] = None,
+def fitting_configs(jit_fn,
+                    configs,
+                    named_args: dict,
+                    target: Optional[RunningGPU] = None,
                     **launch) -> list:
     """The autotuner's ``early_config_prune`` (bound to ``jit_fn``): of ``configs``, those
     :func:`prune_decisions` keeps for ``target`` (default: the running GPU); all of them
@@ -223,7 +227,8 @@ def _autotune(name):
     def wrap(jit_fn):
         if interpreting:
             return compat.autotune(CONFIGS[name][:1], KEY)(jit_fn)
-        return compat.autotune(CONFIGS[name], KEY, functools.partial(fitting_configs, jit_fn))(jit_fn)
+        return compat.autotune(CONFIGS[name], KEY, functools.partial(fitting_configs, jit_fn))(
+            jit_fn)
 
     return wrap
 
@@ -296,8 +301,8 @@ def _load_denominators(W, offs_d, d, d_mask):
 @triton.jit
 def key_summary_kernel(K, V, P, KV, KMEAN, KMAX, stride_kb, stride_kh, stride_kn, stride_kd,
                        stride_vb, stride_vh, stride_vn, stride_vd, H, n, d, rows_per_split,
-                       n_splits, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-                       TINY: tl.constexpr, EXP_FLOOR: tl.constexpr, BLOCK_N: tl.constexpr):
+                       n_splits, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, TINY: tl.constexpr,
+                       EXP_FLOOR: tl.constexpr, BLOCK_N: tl.constexpr):
     """Per (batch*head, split, stream): k_s^T v, the feature sums and the shift used.
 
     Within a split the shift is the running max of p log|k| over both streams (at least
@@ -454,8 +459,8 @@ def query_backward_rows_kernel(Q, GO, W, P, EPS, KMAX, A, stride_qb, stride_qh, 
 
 
 @triton.jit
-def _query_block_grads(q_base, go_base, a_base, w_base, p, eps, k_shift, sign, offs_n, offs_d,
-                       mask, rows, first, d, d_mask, stride_qn, stride_qd, stride_gon, stride_god,
+def _query_block_grads(q_base, go_base, a_base, w_base, p, eps, k_shift, sign, offs_n, offs_d, mask,
+                       rows, first, d, d_mask, stride_qn, stride_qd, stride_gon, stride_god,
                        TINY: tl.constexpr, EXP_FLOOR: tl.constexpr):
     """For a block of query rows and the stream ``sign`` (0: q+, 1: q-): q, its
     log-magnitudes, the stream's features, the gradient of the numerators (g / den) and
@@ -531,8 +536,9 @@ def query_backward_kernel(Q, GO, W, P, EPS, KMAX, A, GQ, GP, stride_qb, stride_q
 @triton.jit
 def summary_backward_kernel(Q, GO, W, P, EPS, KMAX, A, GW, stride_qb, stride_qh, stride_qn,
                             stride_qd, stride_gob, stride_goh, stride_gon, stride_god, H, N, d, d1,
-                            rows_per_split, n_splits, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-                            TINY: tl.constexpr, EXP_FLOOR: tl.constexpr, BLOCK_N: tl.constexpr):
+                            rows_per_split, n_splits, BLOCK_D: tl.constexpr,
+                            PRECISION: tl.constexpr, TINY: tl.constexpr, EXP_FLOOR: tl.constexpr,
+                            BLOCK_N: tl.constexpr):
     """Per (batch*head, split, stream): the partial gradient of the stream's rows of W,
     ``q_s^T (g / den)`` and the denominator columns. Takes the denominators' gradients of
     :func:`query_backward_rows_kernel` (A)."""
@@ -656,7 +662,8 @@ def key_backward_kernel(K, V, P, KMAX, GKV, GMEAN, GK, GP, stride_kb, stride_kh,
         g_own = dot(v, tl.trans(g_kv), PRECISION) + g_mean[None, :]
         k = _load_block(k_base, offs_n, offs_j, stride_kn, stride_kd, mask)
         log_abs = _log_abs(k, TINY)
-        k_own = tl.where(_on_stream(k, sign), _feature(log_abs * p[None, :], k_shift, EXP_FLOOR), 0.)
+        k_own = tl.where(
+            _on_stream(k, sign), _feature(log_abs * p[None, :], k_shift, EXP_FLOOR), 0.)
         r = g_own * k_own
         acc_p += tl.sum(r * log_abs, axis=0)
         g_k = r * p[None, :] / _signed_magnitude(k, TINY)
