@@ -202,7 +202,8 @@ def fallback():
 
         def run(*args, **kwargs):
             calls[stage] += 1
-            if kwargs['BLOCK_D'] == fail_for_d:
+            named = dict(zip(kernel.arg_names, args), **kwargs)  # BLOCK_D comes by position
+            if named['BLOCK_D'] == fail_for_d:
                 calls[stage + '_raised'] += 1
                 raise OutOfResources(233472, 232448, 'shared memory')
             return launch(*args, **kwargs)

@@ -143,7 +143,8 @@ def test_a_failing_call_is_a_fail_row_with_its_error():
 def test_inputs_of_every_case_kind():
     kinds = {c.kind for c in selfcheck.FULL_CASES + selfcheck.QUICK_CASES}
     assert kinds == {
-        'plain', 'one_sign', 'large', 'meet_zero', 'zeros', 'growing', 'padded', 'strided'
+        'plain', 'one_sign', 'large', 'meet_zero', 'zeros', 'growing', 'padded', 'strided',
+        'subnormal'
     }
     for case in selfcheck.FULL_CASES:
         if case.N * case.n > 10**5:
@@ -156,6 +157,12 @@ def test_inputs_of_every_case_kind():
             assert not q.is_contiguous() and q.stride(1) == case.d
         if case.kind == 'padded':
             assert eps.shape == (case.B, 1, 1, 1)
+        if case.kind == 'subnormal':  # scattered: some in every channel, no channel all
+            tiny = torch.finfo(torch.float32).tiny
+            for x in (q, k):
+                sub = (x != 0) & (x.abs() < tiny)
+                per_channel = sub.reshape(-1, case.d).float().mean(0)
+                assert 0 < float(per_channel.min()) and float(per_channel.max()) < 1, case
     bad = selfcheck.Case('x', 1, 1, 2, 2, 32, torch.float32, kind='nonsense')
     with pytest.raises(ValueError, match="unknown case kind 'nonsense'"):
         selfcheck.make_inputs(bad, torch.device('cpu'))
