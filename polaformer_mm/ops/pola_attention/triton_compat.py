@@ -32,7 +32,8 @@ Triton of torch 2.1) and call these where a release differs:
 * :func:`interpreter_problem` -- Triton 3.0 / 3.1's interpreter writes nothing with numpy 2
   (its compiled helpers predate numpy 2's ABI); 2.x has no interpreter.
 
-Imports Triton (and torch); only the kernels' module and the compile report import this.
+Imports Triton (torch only where a function needs it); the kernels' module imports this, and
+the compile report reaches it through that module.
 """
 import functools
 import inspect
@@ -43,14 +44,10 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from ...utils.compat import version_tuple
 from .triton_resources import Limits, Usage, limits_of, parse_ptxas, ptxas_arch
-
-try:  # Triton 2.1 has it in both places, 3.x only here
-    from triton.runtime.errors import OutOfResources
-except ImportError:  # pragma: no cover
-    from triton.runtime.autotuner import OutOfResources
 
 __all__ = [
     'TRITON_VERSION', 'OutOfResources', 'dot', 'dot_acc', 'Param', 'parameters', 'autotune',
