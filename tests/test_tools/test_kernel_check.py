@@ -15,7 +15,7 @@ import torch
 
 from polaformer_mm.ops.pola_attention import selfcheck
 from polaformer_mm.ops.pola_attention.triton_backend import TOLERANCES
-from polaformer_mm.utils.compat import triton_interpreter_reason
+from polaformer_mm.utils.compat import triton_interpreter_reason, triton_status
 from .. import REPO
 
 TOOL = osp.join(REPO, 'tools', 'kernel_check.py')
@@ -107,6 +107,21 @@ def test_without_a_gpu_it_says_what_to_run(tmp_path):
     assert 'kernel_check needs a CUDA GPU' in proc.stderr
     assert 'TRITON_INTERPRET=1 python tools/kernel_check.py --quick' in proc.stderr
     assert not (tmp_path / 'r.json').exists()
+
+
+@pytest.mark.skipif(
+    not triton_status().usable or triton_interpreter_reason() is None,
+    reason='needs a supported Triton without an interpreter (Triton 2.x)')
+def test_with_a_triton_without_interpreter_it_says_so():
+    env = _env(interpret=False)  # this process's PYTHONPATH kept: the Triton it imported
+    env.update({k: v for k, v in os.environ.items() if k == 'PYTHONPATH'})
+    proc = subprocess.run([sys.executable, TOOL, '--quick', '--interpret', '--no-timing'],
+                          env=env,
+                          capture_output=True,
+                          text=True,
+                          timeout=300)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert 'has no interpreter' in proc.stderr and triton_status().version in proc.stderr
 
 
 def test_relative_error_flags_a_real_mismatch():

@@ -38,7 +38,7 @@ from .triton_backend import interpreting
 __all__ = [
     'Case', 'FULL_CASES', 'QUICK_CASES', 'TIMING_SHAPES', 'QUICK_TIMING_SHAPES', 'Row', 'Table',
     'relative_error', 'make_inputs', 'with_subnormals', 'check_case', 'time_paths', 'summarize',
-    'run_selfcheck', 'write_json', 'environment', 'interpreting'
+    'run_selfcheck', 'write_json', 'environment', 'interpreting', 'interpreter_problem'
 ]
 
 f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16
@@ -517,6 +517,17 @@ def summarize(rows: Sequence[Row],
         oom=sum(r.result == 'OOM' for r in rows),
         elapsed_s=round(elapsed_s, 1),
         verdict=verdict)
+
+
+def interpreter_problem() -> Optional[str]:
+    """Why Triton's interpreter cannot run the kernels here (no supported Triton, a Triton
+    without an interpreter, or one whose interpreter stores nothing with this numpy), or
+    None."""
+    from ...utils.compat import triton_interpreter_reason
+    reason = triton_interpreter_reason()
+    if reason is None and triton_backend.kernels is not None:
+        reason = triton_backend.kernels.compat.interpreter_problem()
+    return reason
 
 
 def _check_device(device: Optional[str]) -> torch.device:
