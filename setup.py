@@ -82,7 +82,7 @@ setup(
     ],
     extras_require={
         'tests': ['pytest'],
-        'triton': ['triton>=3.0'],  # the fused CUDA kernels of the attention op
+        'triton': ['triton>=2.1'],  # the fused CUDA kernels of the attention op
     },
     license='Apache-2.0',
     zip_safe=False,

@@ -13,7 +13,9 @@ the kernels' ``TOLERANCES``; then times forward and forward + backward of the Tr
 the torch path and PyTorch's scaled_dot_product_attention at 3136, 12544 and 50176 tokens.
 It prints one table as it goes (under 3 minutes on an H100) and writes ``--json PATH``
 after every row. Exit status: 0 when every check passed, 1 when one failed, 2 without a
-CUDA GPU (and without ``TRITON_INTERPRET=1``) or without the op's few requirements. The
+CUDA GPU (and without ``TRITON_INTERPRET=1``), with an interpreter that cannot run the
+kernels (Triton 2.x has none; 3.0 / 3.1's needs numpy<2) or without the op's few
+requirements. The
 check is ``polaformer_mm.ops.pola_attention.selfcheck``'s; this script reads the command
 line.
 """
@@ -87,10 +89,14 @@ def main(argv=None) -> int:
     except ImportError as e:
         print(
             f'kernel_check: the attention op does not import ({e}); it needs torch, '
-            'numpy and, for the kernels, Triton >= 3.0',
+            'numpy and, for the kernels, Triton >= 2.1',
             file=sys.stderr)
         return 2
     import torch
+    problem = selfcheck.interpreter_problem() if selfcheck.interpreting() else None
+    if problem:
+        print(f'kernel_check: TRITON_INTERPRET=1, but {problem}', file=sys.stderr)
+        return 2
     if not selfcheck.interpreting() and not torch.cuda.is_available():
         fix = ('install a CUDA build of torch'
                if torch.version.cuda is None else 'check nvidia-smi and CUDA_VISIBLE_DEVICES')

@@ -19,8 +19,11 @@ difference is decided here, once, and the rest of the package calls these functi
 * :func:`has_fused_adamw` -- ``torch.optim.AdamW(fused=True)``: CUDA on every supported
   torch, the CPU from torch 2.4.
 * :data:`NUMPY_MULTIARRAY` -- numpy 2 moved ``numpy.core`` to ``numpy._core``.
-* :func:`triton_status` -- the fused kernels need Triton 3.0+ (``tl.dot(input_precision=)``,
-  ``autotune(prune_configs_by=)`` with a pruning function of their form).
+* :func:`triton_status` -- whether Triton imports, and is one the fused kernels support
+  (2.1, the Triton of torch 2.1, and later); :func:`triton_interpreter_reason` -- its
+  interpreter (``TRITON_INTERPRET=1``, the kernels on CPU tensors) is Triton 3.0+. The
+  differences between Triton releases are decided in
+  :mod:`polaformer_mm.ops.pola_attention.triton_compat`, beside the kernels.
 
 Only torch and numpy are imported here (Triton lazily, by :func:`triton_status`).
 """
@@ -37,7 +40,8 @@ import torch
 __all__ = [
     'TORCH_VERSION', 'NATIVE_ALLOWLIST', 'native_safe_globals', 'NUMPY_MULTIARRAY', 'MIN_TRITON',
     'TritonStatus', 'TORCHSCRIPT_ONNX_EXPORT', 'has_fused_adamw', 'is_autocast_enabled',
-    'is_compiling', 'is_exporting', 'legacy_onnx_export_api', 'triton_status', 'version_tuple'
+    'is_compiling', 'is_exporting', 'legacy_onnx_export_api', 'triton_status',
+    'triton_interpreter_reason', 'version_tuple'
 ]
 
 
@@ -178,8 +182,8 @@ def legacy_onnx_export_api() -> Iterator[None]:
             del opset9._cast_Long
 
 
-#: Oldest Triton the fused kernels run with.
-MIN_TRITON = (3, 0)
+#: Oldest Triton the fused kernels run with (torch 2.1's).
+MIN_TRITON = (2, 1)
 
 
 class TritonStatus(NamedTuple):
@@ -221,3 +225,15 @@ def triton_status() -> TritonStatus:
             else:
                 _triton_status = TritonStatus(True, version, None)
     return _triton_status
+
+
+def triton_interpreter_reason() -> Optional[str]:
+    """Why Triton's interpreter (``TRITON_INTERPRET=1``: the kernels on CPU tensors) is
+    not at hand, or None: it needs a supported Triton of 3.0 or later (2.x has none)."""
+    status = triton_status()
+    if not status.usable:
+        return status.reason
+    if version_tuple(status.version)[:1] < (3, ):
+        return (f'Triton {status.version} has no interpreter '
+                '(TRITON_INTERPRET=1 needs Triton >= 3.0)')
+    return None

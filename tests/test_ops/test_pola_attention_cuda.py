@@ -93,6 +93,27 @@ def test_triton_matches_the_torch_path(shape):
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason=str(triton_status().reason))
+def test_the_pruning_reads_the_loaded_kernels_on_this_gpu():
+    """A launch on the GPU runs the pruning: every configuration compiled for this GPU and
+    loaded, its registers and local memory (the driver's 4-byte words, as bytes) read,
+    and the configurations kept those the fit policy keeps."""
+    from polaformer_mm.ops.pola_attention import triton_backend
+    from polaformer_mm.ops.pola_attention.triton_resources import candidates
+    kernels = triton_backend.kernels
+    q, k, v, power = (t.float().cuda() for t in _inputs(B=1, h=2, N=77, n=65, d=48, seed=3))
+    pola_linear_attention(q, k, v, power, backend='triton')
+    decisions = kernels._RUNNING_GPU.decisions  # the last kernel pruned: the query pass
+    assert [d.config for d in decisions] == kernels.CONFIGS['query_forward']
+    limits = kernels.compat.device_limits()
+    usages = [(i, d.usage) for i, d in enumerate(decisions) if d.usage is not None]
+    assert usages, decisions
+    for _, usage in usages:
+        assert 0 < usage.registers <= 255 and usage.spill_stores % 4 == 0, usage
+    kept = [i for i, d in enumerate(decisions) if d.dropped is None]
+    assert kept == candidates(usages, limits), decisions
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason=str(triton_status().reason))
 def test_auto_backend_is_triton_on_cuda():
     q, k, v, power = (t.float().cuda() for t in _inputs())
     torch.testing.assert_close(

@@ -15,7 +15,7 @@ import torch
 
 from polaformer_mm.ops.pola_attention import selfcheck
 from polaformer_mm.ops.pola_attention.triton_backend import TOLERANCES
-from polaformer_mm.utils.compat import triton_status
+from polaformer_mm.utils.compat import triton_interpreter_reason, triton_status
 from .. import REPO
 
 TOOL = osp.join(REPO, 'tools', 'kernel_check.py')
@@ -38,9 +38,9 @@ sys.argv = [{tool!r}] + sys.argv[1:]
 runpy.run_path({tool!r}, run_name='__main__')
 '''
 
-needs_triton3 = pytest.mark.skipif(
-    not triton_status().usable,
-    reason=f'{triton_status().reason} (the kernels, and so their check, need Triton >= 3.0)')
+needs_interpreter = pytest.mark.skipif(
+    triton_interpreter_reason() is not None,
+    reason=f'{triton_interpreter_reason()} (the quick check runs the kernels in the interpreter)')
 
 
 def _env(interpret: bool) -> dict:
@@ -61,7 +61,7 @@ def _table_rows(stdout: str):
 
 
 @pytest.mark.slow
-@needs_triton3
+@needs_interpreter
 def test_quick_run_passes_with_torch_and_triton_alone(tmp_path):
     out = tmp_path / 'kernel_check.json'
     proc = subprocess.run(
@@ -109,6 +109,21 @@ def test_without_a_gpu_it_says_what_to_run(tmp_path):
     assert not (tmp_path / 'r.json').exists()
 
 
+@pytest.mark.skipif(
+    not triton_status().usable or triton_interpreter_reason() is None,
+    reason='needs a supported Triton without an interpreter (Triton 2.x)')
+def test_with_a_triton_without_interpreter_it_says_so():
+    env = _env(interpret=False)  # this process's PYTHONPATH kept: the Triton it imported
+    env.update({k: v for k, v in os.environ.items() if k == 'PYTHONPATH'})
+    proc = subprocess.run([sys.executable, TOOL, '--quick', '--interpret', '--no-timing'],
+                          env=env,
+                          capture_output=True,
+                          text=True,
+                          timeout=300)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert 'has no interpreter' in proc.stderr and triton_status().version in proc.stderr
+
+
 def test_relative_error_flags_a_real_mismatch():
     g = torch.Generator().manual_seed(0)
     expected = torch.randn(2, 3, 17, 32, generator=g)
@@ -143,7 +158,8 @@ def test_a_failing_call_is_a_fail_row_with_its_error():
 def test_inputs_of_every_case_kind():
     kinds = {c.kind for c in selfcheck.FULL_CASES + selfcheck.QUICK_CASES}
     assert kinds == {
-        'plain', 'one_sign', 'large', 'meet_zero', 'zeros', 'growing', 'padded', 'strided'
+        'plain', 'one_sign', 'large', 'meet_zero', 'zeros', 'growing', 'padded', 'strided',
+        'subnormal'
     }
     for case in selfcheck.FULL_CASES:
         if case.N * case.n > 10**5:
@@ -156,6 +172,12 @@ def test_inputs_of_every_case_kind():
             assert not q.is_contiguous() and q.stride(1) == case.d
         if case.kind == 'padded':
             assert eps.shape == (case.B, 1, 1, 1)
+        if case.kind == 'subnormal':  # scattered: some in every channel, no channel all
+            tiny = torch.finfo(torch.float32).tiny
+            for x in (q, k):
+                sub = (x != 0) & (x.abs() < tiny)
+                per_channel = sub.reshape(-1, case.d).float().mean(0)
+                assert 0 < float(per_channel.min()) and float(per_channel.max()) < 1, case
     bad = selfcheck.Case('x', 1, 1, 2, 2, 32, torch.float32, kind='nonsense')
     with pytest.raises(ValueError, match="unknown case kind 'nonsense'"):
         selfcheck.make_inputs(bad, torch.device('cpu'))

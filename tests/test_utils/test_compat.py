@@ -50,8 +50,8 @@ def test_triton_status_matches_the_installed_triton():
         return
     assert status.version == installed
     assert status.usable == (compat.version_tuple(installed)[:2] >= compat.MIN_TRITON)
-    if not status.usable:  # e.g. torch 2.1's triton 2.1.0
-        assert installed in status.reason and '>= 3.0' in status.reason
+    if not status.usable:  # a Triton older than torch 2.1's 2.1.0
+        assert installed in status.reason and '>= 2.1' in status.reason
 
 
 @pytest.mark.skipif(compat.triton_status().usable, reason='the installed Triton is supported')
@@ -59,7 +59,7 @@ def test_backend_triton_names_both_versions_with_an_unsupported_triton():
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 9, 8, generator=g) for _ in range(3))
     power = torch.zeros(1, 2, 1, 8)
-    with pytest.raises(RuntimeError, match=r'needs? Triton >= 3\.0|need Triton >= 3\.0'):
+    with pytest.raises(RuntimeError, match=r'need Triton >= 2\.1'):
         pola_linear_attention(q, k, v, power, backend='triton')
     # 'auto' (and 'torch') work: on the CPU the torch path
     out = pola_linear_attention(q, k, v, power)

@@ -1,7 +1,8 @@
 """What the fused Triton kernels use on named GPU targets, compiled without a GPU.
 
 Every kernel of :data:`~.triton_kernels.KERNELS` is compiled through Triton's own compile
-path (``triton.compile`` of an ``ASTSource`` for a ``GPUTarget``) once per target, autotune
+path (:func:`~.triton_compat.usage_on_target`: ``triton.compile`` of an ``ASTSource`` for a
+``GPUTarget`` on Triton 3.x, ``triton.compile(..., cc=)`` on 2.x) once per target, autotune
 configuration (:data:`~.triton_kernels.CONFIGS`), storage dtype, torch's ``allow_tf32``
 setting and head width, with the compile-time arguments a launch passes
 (:func:`~.triton_backend.constants`, :func:`~.triton_backend.dot_precision`). The bundled
@@ -13,21 +14,17 @@ precision, head width) gets the configurations the autotuner keeps
 
 The kernels' signatures are the kernels' module's (:func:`~.triton_kernels.signature`).
 
-Needs Triton >= 3.0 with ``GPUTarget``, ``ASTSource`` taking ``constexprs`` and its
-bundled ``ptxas``; :func:`check_toolchain` names what is missing. The command line is
-``tools/analysis_tools/compile_kernels.py``.
+Needs Triton (2.1 or later) and its bundled ``ptxas``, no GPU; :func:`check_toolchain`
+names what is missing. The command line is ``tools/analysis_tools/compile_kernels.py``.
 """
-import inspect
 import multiprocessing
-import os
 import re
-import subprocess
-import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from ...utils.compat import triton_status
-from .triton_resources import TARGET_LIMITS, Usage, candidates, limits_of, misfit_reason
+from .triton_resources import (TARGET_LIMITS, Usage, candidates, limits_of, misfit_reason,
+                               parse_ptxas, ptxas_arch)
 
 __all__ = [
     'CompileReportUnavailable', 'DEFAULT_TARGETS', 'DEFAULT_DTYPES', 'DEFAULT_PRECISIONS',
@@ -154,64 +151,20 @@ def parse_target(target) -> int:
     return capability
 
 
-def ptxas_arch(capability: int) -> str:
-    """The ``--gpu-name`` Triton passes to ``ptxas`` for ``capability`` (``sm_90a`` for
-    90, the architecture-specific features Triton uses there)."""
-    try:
-        from triton.backends.nvidia.compiler import sm_arch_from_capability
-    except ImportError:
-        return f'sm_{capability}' + ('a' if capability >= 90 else '')
-    return sm_arch_from_capability(capability)
-
-
-_PTXAS_FIELDS = {
-    'registers': re.compile(r'Used (\d+) registers'),
-    'spill_stores': re.compile(r'(\d+) bytes spill stores'),
-    'spill_loads': re.compile(r'(\d+) bytes spill loads'),
-}
-
-
-def parse_ptxas(log: str) -> Tuple[int, int, int]:
-    """(registers, spill store bytes, spill load bytes) per thread from the output of
-    ``ptxas -v`` for one kernel; a ValueError when the output does not say them."""
-    found = {name: pattern.findall(log) for name, pattern in _PTXAS_FIELDS.items()}
-    missing = [name for name, values in found.items() if not values]
-    if missing:
-        raise ValueError(f'ptxas -v output names no {", ".join(missing)}: {log[-500:]!r}')
-    return tuple(int(found[name][-1]) for name in _PTXAS_FIELDS)
-
-
-def _ptxas_path() -> str:
-    import triton
-    return os.path.join(os.path.dirname(triton.__file__), 'backends', 'nvidia', 'bin', 'ptxas')
-
-
 def check_toolchain() -> None:
-    """Raise :class:`CompileReportUnavailable` naming what is missing: Triton >= 3.0, its
-    ``GPUTarget`` and an ``ASTSource`` that takes ``constexprs``, the bundled ``ptxas``,
-    and the kernels' module loading with it."""
+    """Raise :class:`CompileReportUnavailable` naming what is missing: a supported Triton,
+    its compiler for named targets and its bundled ``ptxas``
+    (:func:`~.triton_compat.target_compile_problem`), and the kernels' module loading
+    with it."""
     status = triton_status()
     if not status.usable:
         raise CompileReportUnavailable(f'compile report: {status.reason}')
-    import triton
-    try:
-        from triton.backends.compiler import GPUTarget  # noqa: F401
-        from triton.compiler import ASTSource
-    except ImportError as error:
-        raise CompileReportUnavailable(
-            f'compile report: Triton {status.version} has no GPUTarget/ASTSource ({error}); '
-            'it needs a Triton that compiles for named targets, such as 3.7') from error
-    if 'constexprs' not in inspect.signature(ASTSource).parameters:
-        raise CompileReportUnavailable(
-            f'compile report: the ASTSource of Triton {status.version} takes no constexprs '
-            '(Triton 3.7 has it)')
-    ptxas = _ptxas_path()
-    if not os.access(ptxas, os.X_OK):
-        raise CompileReportUnavailable(
-            f'compile report: Triton {triton.__version__} has no bundled ptxas at {ptxas}')
     from . import triton_backend
     if triton_backend.kernels is None:
         raise CompileReportUnavailable(f'compile report: {triton_backend.unavailable_reason()}')
+    problem = triton_backend.kernels.compat.target_compile_problem()
+    if problem:
+        raise CompileReportUnavailable(f'compile report: {problem}')
 
 
 def _kernels_module():
@@ -242,13 +195,15 @@ def kernel_signature(name: str, dtype: str, constexprs: Dict[str, object]) -> Di
         raise ValueError(f'unknown storage dtype {dtype!r} (known: {", ".join(_POINTEE)})')
     module = _kernels_module()
     fn = _jit_function(module.KERNELS[name])
-    params = [p.name for p in fn.params]
+    params = [p.name for p in module.compat.parameters(fn)]
     storage = set(module.STORAGE_ARGS.get(name, ()))
     unknown = storage.difference(params)
     if unknown:
         raise ValueError(f'STORAGE_ARGS[{name!r}] names {sorted(unknown)}, which are not '
                          f'parameters of the kernel ({", ".join(params)})')
-    missing = [p.name for p in fn.params if p.is_constexpr and p.name not in constexprs]
+    missing = [
+        p.name for p in module.compat.parameters(fn) if p.is_constexpr and p.name not in constexprs
+    ]
     if missing:
         raise ValueError(f'kernel {name!r}: no value for its constexprs {", ".join(missing)}')
     return dict(module.signature(name, _POINTEE[dtype]))
@@ -272,51 +227,16 @@ def compile_variant(spec: Tuple[str, int, str, str, int, int]) -> dict:
     """
     name, capability, dtype, precision, head_dim, index = spec
     try:
-        import triton
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-
         from . import triton_backend
-        config = _kernels_module().CONFIGS[name][index]
-        constexprs = dict(config.kwargs, **triton_backend.constants(head_dim, precision))
-        source = ASTSource(
-            fn=_jit_function(_kernels_module().KERNELS[name]),
-            signature=kernel_signature(name, dtype, constexprs),
-            constexprs=constexprs)
-        compiled = triton.compile(
-            source,
-            target=GPUTarget('cuda', capability, 32),
-            options=dict(num_warps=config.num_warps, num_stages=config.num_stages))
-        registers, stores, loads = _assemble(compiled, capability)
-        usage = Usage(registers, stores, loads, compiled.metadata.shared,
-                      compiled.metadata.num_warps * 32)
+        module = _kernels_module()
+        config = module.CONFIGS[name][index]
+        constexprs = dict(triton_backend.constants(head_dim, precision), **config.kwargs)
+        usage = module.compat.usage_on_target(
+            _jit_function(module.KERNELS[name]), kernel_signature(name, dtype, constexprs),
+            constexprs, capability, config.num_warps, config.num_stages)
         return dict(usage=usage._asdict(), error=None)
     except Exception as error:  # noqa: BLE001  (any failure is the variant's error row)
         return dict(usage=None, error=_short_error(error))
-
-
-def _assemble(compiled, capability: int) -> Tuple[int, int, int]:
-    """Run the bundled ptxas on the PTX with Triton's flags (``make_cubin``)."""
-    metadata = compiled.metadata
-    flags = ['-lineinfo']
-    if not getattr(metadata, 'enable_fp_fusion', True):
-        flags.append('--fmad=false')
-    flags += ['-v', '--regAllocOptLevel=2']
-    extra = getattr(metadata, 'ptx_options', None)
-    if extra:
-        flags += extra.split()
-    with tempfile.TemporaryDirectory() as folder:
-        ptx = os.path.join(folder, 'kernel.ptx')
-        with open(ptx, 'w') as f:
-            f.write(compiled.asm['ptx'])
-        cmd = [
-            _ptxas_path(), *flags, f'--gpu-name={ptxas_arch(capability)}', ptx, '-o',
-            os.path.join(folder, 'kernel.o')
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f'ptxas failed ({proc.returncode}): {proc.stderr[-500:]}')
-    return parse_ptxas(proc.stderr + proc.stdout)
 
 
 def config_label(variant: Variant) -> str:

@@ -6,10 +6,10 @@ against ``backend='torch'``, forward and backward (the gradients of q, k, v and 
 for every storage dtype of :data:`~.triton_backend.TOLERANCES` and head widths 32, 64 and
 128, at odd token counts (N = 1, 7, 1001, ..., n != N) and on the shared-shift edge cases
 (``alpha=100`` with keys of one sign far weaker, where the kernels hand the call to the
-torch path; magnitudes of 1e4; exact zeros; padded keys with a tensor ``eps``; keys
-growing along the sequence; heads split from a token-major layout). Each comparison is
-the largest difference relative to the largest magnitude of the torch path's result
-(:func:`relative_error`), held to :data:`~.triton_backend.TOLERANCES` of the storage
+torch path; magnitudes of 1e4; exact zeros; float32 subnormals; padded keys with a tensor
+``eps``; keys growing along the sequence; heads split from a token-major layout). Each
+comparison is the largest difference relative to the largest magnitude of the torch path's
+result (:func:`relative_error`), held to :data:`~.triton_backend.TOLERANCES` of the storage
 dtype. Then it times forward and forward + backward of the Triton path, the torch path
 and ``torch.nn.functional.scaled_dot_product_attention`` at PVT stage-1 token counts.
 
@@ -37,8 +37,8 @@ from .triton_backend import interpreting
 
 __all__ = [
     'Case', 'FULL_CASES', 'QUICK_CASES', 'TIMING_SHAPES', 'QUICK_TIMING_SHAPES', 'Row', 'Table',
-    'relative_error', 'make_inputs', 'check_case', 'time_paths', 'summarize', 'run_selfcheck',
-    'write_json', 'environment', 'interpreting'
+    'relative_error', 'make_inputs', 'with_subnormals', 'check_case', 'time_paths', 'summarize',
+    'run_selfcheck', 'write_json', 'environment', 'interpreting', 'interpreter_problem'
 ]
 
 f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16
@@ -52,7 +52,8 @@ class Case:
     (negative queries, keys of that sign 100 times weaker: with ``alpha=100`` the kernels'
     shared shifts lose rows and the call goes to the torch path, which must still be
     exact), 'large' (q, k times 1e4, ``power`` 10), 'meet_zero' (the same with a query row
-    and a key channel of zeros), 'zeros' (exact zeros in q and k), 'padded' (zero keys after
+    and a key channel of zeros), 'zeros' (exact zeros in q and k), 'subnormal' (float32
+    subnormals scattered over q and k: :func:`with_subnormals`), 'padded' (zero keys after
     each batch entry's real ones, ``eps`` a (B, 1, 1, 1) tensor), 'growing' (keys growing
     1000-fold along the sequence), 'strided' (heads split from (B, N, h*d) tokens).
     """
@@ -89,6 +90,7 @@ FULL_CASES: Tuple[Case, ...] = (
     Case('edge_large_magnitudes', 1, 2, 1001, 517, 64, f32, 'large'),
     Case('edge_large_query_zero_keys', 1, 2, 9, 12, 32, f32, 'meet_zero'),
     Case('edge_exact_zeros', 2, 2, 17, 1001, 64, f32, 'zeros'),
+    Case('edge_subnormal_inputs', 2, 2, 33, 517, 64, f32, 'subnormal'),
     Case('edge_growing_keys', 2, 4, 50, 3001, 32, f32, 'growing'),
     Case('edge_padded_keys_eps_tensor', 3, 2, 19, 400, 32, f32, 'padded'),
     Case('edge_strided_layout_f16', 2, 3, 1001, 1001, 64, f16, 'strided'),
@@ -106,6 +108,7 @@ QUICK_CASES: Tuple[Case, ...] = (
     Case('edge_alpha100_one_sign_keys', 1, 2, 20, 15, 32, f32, 'one_sign', 100.0),
     Case('edge_large_magnitudes', 1, 2, 33, 21, 32, f32, 'large'),
     Case('edge_exact_zeros', 2, 2, 17, 23, 32, f32, 'zeros'),
+    Case('edge_subnormal_inputs', 1, 2, 19, 27, 32, f32, 'subnormal'),
     Case('edge_growing_keys', 1, 2, 20, 150, 32, f32, 'growing'),
     Case('edge_padded_keys_eps_tensor', 3, 1, 9, 24, 32, f32, 'padded'),
     Case('edge_strided_layout', 1, 2, 13, 13, 32, f32, 'strided'),
@@ -246,6 +249,8 @@ def make_inputs(case: Case, device: torch.device) -> Tuple[List[Tensor], object,
         q[:, :, 0] = 0
         k[:, :, 1::2, 1] = 0
         k[-1, 0] = 0
+    elif case.kind == 'subnormal':  # float32 subnormals in q and k, of both signs
+        q, k = with_subnormals(q, 1), with_subnormals(k, 2)
     elif case.kind != 'plain' and case.kind != 'strided':
         raise ValueError(f'unknown case kind {case.kind!r}')
     q, k, v, grad = (t.to(device=device, dtype=case.dtype) for t in (q, k, v, grad))
@@ -253,6 +258,17 @@ def make_inputs(case: Case, device: torch.device) -> Tuple[List[Tensor], object,
     if case.kind == 'strided':  # heads split from (B, N, h*d) tokens, as the models do
         q, k, v, grad = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v, grad))
     return [q, k, v, power], eps, grad
+
+
+def with_subnormals(x: Tensor, first: int) -> Tensor:
+    """x with every seventh entry (in memory order, from ``first`` on) replaced by a
+    float32 subnormal of its sign (magnitudes from 2**-127 down to 2**-148): scattered
+    over rows and channels, so that no channel is subnormal throughout."""
+    flat = x.clone().reshape(-1)
+    part = flat[first::7]
+    scale = 2.0**-torch.randint(127, 149, part.shape, generator=torch.Generator().manual_seed(7))
+    flat[first::7] = torch.where(part < 0, -scale, scale)
+    return flat.reshape(x.shape)
 
 
 def _forward_backward(inputs: Sequence[Tensor], eps, grad: Tensor, alpha: float,
@@ -501,6 +517,17 @@ def summarize(rows: Sequence[Row],
         oom=sum(r.result == 'OOM' for r in rows),
         elapsed_s=round(elapsed_s, 1),
         verdict=verdict)
+
+
+def interpreter_problem() -> Optional[str]:
+    """Why Triton's interpreter cannot run the kernels here (no supported Triton, a Triton
+    without an interpreter, or one whose interpreter stores nothing with this numpy), or
+    None."""
+    from ...utils.compat import triton_interpreter_reason
+    reason = triton_interpreter_reason()
+    if reason is None and triton_backend.kernels is not None:
+        reason = triton_backend.kernels.compat.interpreter_problem()
+    return reason
 
 
 def _check_device(device: Optional[str]) -> torch.device:

@@ -36,12 +36,12 @@ from torch import Tensor
 
 from ...utils.compat import triton_status
 from .checks import EpsType
-from .formulation import pola_exponent, value_split
+from .formulation import exp_floor, pola_exponent, value_split
 from .key_summary import assemble_summary, summary_grads
 from .shared_shifts import shared_shifts_lose_rows
 
-# Triton is optional, and the kernels need 3.0+: with an older Triton, or one that fails to
-# import for any reason, they are unavailable and `backend='auto'` takes the torch path.
+# Triton is optional (2.1 or later): without it, or with one that fails to import for any
+# reason, the kernels are unavailable and `backend='auto'` takes the torch path.
 #: The kernels' module (:mod:`~polaformer_mm.ops.pola_attention.triton_kernels`) once it
 #: loaded, else None.
 kernels = None
@@ -80,7 +80,7 @@ TOLERANCES: Dict[torch.dtype, float] = {
 
 
 def available() -> bool:
-    """Whether the kernels loaded (Triton >= 3.0 installed and importable)."""
+    """Whether the kernels loaded (Triton >= 2.1 installed and importable)."""
     return kernels is not None
 
 
@@ -166,6 +166,8 @@ def unsupported_reasons(q: Tensor, k: Tensor, v: Tensor, power: Tensor) -> List[
         reasons.append(_import_error)
     if q.device.type != 'cuda' and not interpreting():
         reasons.append(f'the kernels need CUDA tensors (got {q.device})')
+    if kernels is not None and interpreting() and kernels.compat.interpreter_problem():
+        reasons.append(kernels.compat.interpreter_problem())
     if kernels is not None and _case(q) in _failed:
         reasons.append(f'the kernels failed at their first launch for head width {q.shape[-1]}, '
                        f'{q.dtype} in this process ({_failed[_case(q)]})')
@@ -234,16 +236,19 @@ def dot_precision(dtype: torch.dtype, allow_tf32: bool) -> str:
 
 
 def constants(d: int, precision: str) -> dict:
-    """The compile-time arguments every kernel launch passes for head width ``d`` (the
-    autotuner adds ``BLOCK_N``, ``num_warps`` and ``num_stages``); the compile report
-    compiles with the same."""
-    return dict(BLOCK_D=block_d(d), PRECISION=precision, TINY=TINY)
+    """The compile-time arguments every kernel launch passes for head width ``d``, in the
+    order the kernels declare them (the autotuner adds ``BLOCK_N``, ``num_warps`` and
+    ``num_stages``); the compile report compiles with the same."""
+    return dict(
+        BLOCK_D=block_d(d), PRECISION=precision, TINY=TINY, EXP_FLOOR=exp_floor(torch.float32))
 
 
-def _meta(d: int, dtype: torch.dtype, device: torch.device) -> dict:
-    """The keyword arguments of every kernel launch."""
+def _meta(d: int, dtype: torch.dtype, device: torch.device) -> tuple:
+    """The compile-time arguments of every kernel launch, passed by position after the
+    others (so that each Triton release finds the autotune key and the pruning sees
+    them: :mod:`.triton_kernels`)."""
     allow_tf32 = device.type == 'cuda' and torch.backends.cuda.matmul.allow_tf32
-    return dict(constants(d, dot_precision(dtype, allow_tf32)), enable_fp_fusion=True)
+    return tuple(constants(d, dot_precision(dtype, allow_tf32)).values())
 
 
 def _eps_per_head(eps: EpsType, B: int, h: int, device: torch.device) -> Tensor:
@@ -261,7 +266,7 @@ def _forward_launches(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: flo
     n = k.shape[2]
     bh = B * h
     device = q.device
-    meta = _meta(d, q.dtype, device)
+    meta, opts = _meta(d, q.dtype, device), kernels.LAUNCH_OPTIONS
     p = pola_exponent(power.detach().float(), alpha).reshape(h, d).contiguous()
     eps_bh = _eps_per_head(eps, B, h, device)
 
@@ -270,7 +275,7 @@ def _forward_launches(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: flo
     sum_part = torch.empty(bh, splits, 2 * d, dtype=torch.float32, device=device)
     shift_part = torch.empty(bh, splits, dtype=torch.float32, device=device)
     kernels.key_summary_kernel[(bh, splits, 2)](k, v, p, kv_part, sum_part, shift_part, *k.stride(),
-                                                *v.stride(), h, n, d, rows, splits, **meta)
+                                                *v.stride(), h, n, d, rows, splits, *meta, **opts)
     k_shift = shift_part.amax(dim=1)
     rescale = torch.exp(shift_part - k_shift[:, None])
     kv = torch.einsum('bsij,bs->bij', kv_part, rescale).div_(n)
@@ -282,7 +287,7 @@ def _forward_launches(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: flo
     largest_inv_den = torch.empty(bh, splits, dtype=torch.float32, device=device)
     kernels.query_forward_kernel[(bh, splits)](q, W, p, eps_bh, k_shift, out,
                                                largest_inv_den, *q.stride(), *out.stride(), h, N, d,
-                                               value_split(d), rows, splits, **meta)
+                                               value_split(d), rows, splits, *meta, **opts)
     return out, largest_inv_den, W, k_shift, eps_bh
 
 
@@ -294,7 +299,7 @@ def _backward_launches(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: fl
     n = k.shape[2]
     bh = B * h
     device = q.device
-    meta = _meta(d, q.dtype, device)
+    meta, opts = _meta(d, q.dtype, device), kernels.LAUNCH_OPTIONS
     p = pola_exponent(power.detach().float(), alpha).reshape(h, d).contiguous()
 
     g_q = torch.empty_like(q)
@@ -302,16 +307,16 @@ def _backward_launches(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: fl
     den_grads = torch.empty(bh, N, 2, dtype=torch.float32, device=device)
     kernels.query_backward_rows_kernel[(bh, splits)](q, grad_out, W, p, eps_bh, k_shift, den_grads,
                                                      *q.stride(), *grad_out.stride(), h, N, d,
-                                                     value_split(d), rows, **meta)
+                                                     value_split(d), rows, *meta, **opts)
     gp_q = torch.empty(bh, splits, 2, d, dtype=torch.float32, device=device)
     kernels.query_backward_kernel[(bh, splits, 2)](q, grad_out, W, p, eps_bh, k_shift, den_grads,
                                                    g_q, gp_q, *q.stride(),
                                                    *grad_out.stride(), *g_q.stride(), h, N, d,
-                                                   value_split(d), rows, splits, **meta)
+                                                   value_split(d), rows, splits, *meta, **opts)
     gw_part = torch.empty(bh, splits, 2 * d, d + 2, dtype=torch.float32, device=device)
     kernels.summary_backward_kernel[(bh, splits, 2)](q, grad_out, W, p, eps_bh, k_shift, den_grads,
                                                      gw_part, *q.stride(), *grad_out.stride(), h, N,
-                                                     d, value_split(d), rows, splits, **meta)
+                                                     d, value_split(d), rows, splits, *meta, **opts)
     g_kv, g_mean = summary_grads(gw_part.sum(dim=1), d)
     g_kv = g_kv.div_(n).contiguous()
     g_mean = g_mean.div_(n).contiguous()
@@ -320,11 +325,12 @@ def _backward_launches(q: Tensor, k: Tensor, v: Tensor, power: Tensor, alpha: fl
     g_v = torch.empty_like(v)
     rows, splits = _splits(n, bh, device)
     kernels.value_backward_kernel[(bh, splits)](k, p, k_shift, g_kv, g_v, *k.stride(),
-                                                *g_v.stride(), h, n, d, rows, **meta)
+                                                *g_v.stride(), h, n, d, rows, *meta, **opts)
     gp_k = torch.empty(bh, splits, 2, d, dtype=torch.float32, device=device)
     key_grid = lambda meta: (bh, splits, 2 * _cdiv(d, meta['BLOCK_J']))  # streams x tiles
     kernels.key_backward_kernel[key_grid](k, v, p, k_shift, g_kv, g_mean, g_k, gp_k, *k.stride(),
-                                          *v.stride(), *g_k.stride(), h, n, d, rows, splits, **meta)
+                                          *v.stride(), *g_k.stride(), h, n, d, rows, splits, *meta,
+                                          **opts)
     g_p = (gp_q.sum(dim=(1, 2)) + gp_k.sum(dim=(1, 2))).reshape(B, h, d).sum(dim=0)
     s = torch.sigmoid(power.detach().float()).reshape(h, d)
     g_power = g_p.mul_(s * (1 - s) * alpha).reshape(power.shape).to(power.dtype)

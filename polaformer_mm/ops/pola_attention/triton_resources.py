@@ -10,15 +10,20 @@ A configuration *fits* when its shared memory is at most the target's per-block 
 most the target's registers per block. Among those that fit, :func:`candidates` keeps
 the ones without spill stores, unless every one spills.
 """
+import re
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, TypeVar
 
-__all__ = ['Usage', 'Limits', 'TARGET_LIMITS', 'limits_of', 'fits', 'misfit_reason', 'candidates']
+__all__ = [
+    'Usage', 'Limits', 'TARGET_LIMITS', 'limits_of', 'fits', 'misfit_reason', 'candidates',
+    'parse_ptxas', 'ptxas_arch'
+]
 
 
 class Usage(NamedTuple):
     """What one compiled kernel variant uses: registers per thread, spill bytes per thread
-    (stores and loads, as ``ptxas -v`` counts them), shared memory in bytes per block, and
-    its threads per block (``num_warps * 32``)."""
+    (stores and loads, as ``ptxas -v`` counts them; read from a kernel loaded on a GPU,
+    both are its local memory per thread, which the driver reports), shared memory in
+    bytes per block, and its threads per block (``num_warps * 32``)."""
     registers: int
     spill_stores: int
     spill_loads: int
@@ -90,3 +95,26 @@ def candidates(variants: Sequence[Tuple[T, Optional[Usage]]], limits: Limits) ->
     fitting = [(cfg, use) for cfg, use in variants if use is None or fits(use, limits)]
     free = [cfg for cfg, use in fitting if use is None or use.spill_stores == 0]
     return free or [cfg for cfg, _ in fitting]
+
+
+_PTXAS_FIELDS = {
+    'registers': re.compile(r'Used (\d+) registers'),
+    'spill_stores': re.compile(r'(\d+) bytes spill stores'),
+    'spill_loads': re.compile(r'(\d+) bytes spill loads'),
+}
+
+
+def parse_ptxas(log: str) -> Tuple[int, int, int]:
+    """(registers, spill store bytes, spill load bytes) per thread from the output of
+    ``ptxas -v`` for one kernel; a ValueError when the output does not say them."""
+    found = {name: pattern.findall(log) for name, pattern in _PTXAS_FIELDS.items()}
+    missing = [name for name, values in found.items() if not values]
+    if missing:
+        raise ValueError(f'ptxas -v output names no {", ".join(missing)}: {log[-500:]!r}')
+    return tuple(int(found[name][-1]) for name in _PTXAS_FIELDS)
+
+
+def ptxas_arch(capability: int) -> str:
+    """The ``--gpu-name`` Triton passes to ``ptxas`` for ``capability`` (``sm_90a`` for 90
+    and later: the architecture-specific features Triton uses there), on every release."""
+    return f'sm_{capability}' + ('a' if capability >= 90 else '')
