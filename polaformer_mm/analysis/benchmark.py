@@ -438,17 +438,49 @@ def _row(spec: dict, job: dict, res: dict) -> dict:
         **res)
 
 
+def merge_rounds(rounds: List[dict]) -> dict:
+    """One result from the results of the same measurement in several rounds: the first
+    failure if one failed, else every round's timed steps, their median, and the largest
+    peak memory of any round."""
+    failed = [r for r in rounds if r['status'] != 'ok']
+    if failed or len(rounds) == 1:
+        return failed[0] if failed else rounds[0]
+    merged = dict(rounds[0])
+    merged['times_s'] = [t for r in rounds for t in r['times_s']]
+    merged['time_s'] = statistics.median(merged['times_s'])
+    for key in ('mem_peak_mib', 'mem_delta_mib'):
+        if key in merged:
+            merged[key] = max(r[key] for r in rounds)
+    merged['rounds'] = len(rounds)
+    return merged
+
+
 def run_all(specs: List[dict], settings: dict, log=_log) -> List[dict]:
     """Every (backbone, job) measurement. In fresh processes the backbones take turns job
-    by job, so that the two sides of a ratio are measured close together in time (a
-    machine's load drifts); in this process each backbone is built once and runs all its
-    jobs before the next is built (on CUDA the peak memory then holds one model only)."""
+    by job (and, with ``settings['rounds']`` > 1, round by round within each job: the
+    median of all rounds), so that the two sides of a ratio are measured close together in
+    time (a machine's load drifts); in this process each backbone is built once and runs all
+    its jobs before the next is built (on CUDA the peak memory then holds one model only),
+    or, with rounds, every backbone is built first and they take turns as above."""
     jobs = jobs_for(settings)
+    rounds = settings.get('rounds', 1)
     results = []
-    if settings['isolate'] == 'process':
+    if settings['isolate'] == 'process' or rounds > 1:
+        device = torch.device(settings['device'])
+        isolated = settings['isolate'] == 'process'
+        models = None if isolated else [build_backbone(spec).to(device) for spec in specs]
         for job in jobs:
-            for spec in specs:
-                results.append(_row(spec, job, run_isolated(spec, job, settings['timeout'])))
+            runs = [[] for _ in specs]
+            for r in range(rounds):
+                for i, spec in enumerate(specs):
+                    res = (
+                        run_isolated(spec, job, settings['timeout']) if isolated else run_one(
+                            spec, job, models[i]))
+                    runs[i].append(res)
+                    if rounds > 1:
+                        log(f'round {r + 1}/{rounds}: ' + _progress_line(_row(spec, job, res)))
+            for spec, spec_runs in zip(specs, runs):
+                results.append(_row(spec, job, merge_rounds(spec_runs)))
                 log(_progress_line(results[-1]))
     else:
         device = torch.device(settings['device'])

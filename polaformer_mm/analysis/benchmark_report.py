@@ -16,6 +16,14 @@ from .benchmark import baseline_of
 __all__ = ['memory_names', 'format_report', 'fit_summary', 'draw']
 
 
+def rounds_note(settings: dict) -> str:
+    """How the rounds of a run entered its medians ('' for one round)."""
+    rounds = settings.get('rounds', 1)
+    if rounds == 1:
+        return ''
+    return f' in each of {rounds} rounds (median of all; the backbones take turns per round)'
+
+
 def _fmt_mib(v) -> str:
     return '-' if v is None else f'{v:.0f}'
 
@@ -45,7 +53,8 @@ def format_report(data: dict) -> str:
     lines = [
         f"command: {data['command']}",
         f"device: {env['device_name']}; torch {env['torch']}; threads {env['threads']}; "
-        f"{settings['warmup']} warm-up + median of {settings['repeat']} steps; "
+        f"{settings['warmup']} warm-up + median of {settings['repeat']} steps"
+        f"{rounds_note(settings)}; "
         f"isolation: {settings['isolate']}",
         f"memory: {data['memory_note']}",
         '',

@@ -64,6 +64,35 @@ def test_tiny_run_writes_table_json_png(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_rounds_take_turns_and_report_the_median_of_all(tmp_path, capsys):
+    """``--rounds 2``: every backbone is measured in each round (the rows of a round
+    alternate), and the row holds both rounds' steps, their median and the larger peak."""
+    out = tmp_path / 'out'
+    rc = cli.main([
+        '--backbones', 'pola-pvt-t', 'pvt-t', '--sizes', '48x64', '--mode', 'forward', '--repeat',
+        '2', '--warmup', '0', '--rounds', '2', '--threads', '1', '--isolate', 'none', '--out-dir',
+        str(out), '--no-plot'
+    ])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    progress = [line.split(':')[0] for line in printed.splitlines() if line.startswith('round ')]
+    assert progress == ['round 1/2', 'round 1/2', 'round 2/2', 'round 2/2']
+    assert 'median of 2 steps in each of 2 rounds' in (out / 'benchmark_backbone.md').read_text()
+    rows = json.loads((out / 'benchmark_backbone.json').read_text())['results']
+    assert [r['backbone'] for r in rows] == ['pola-pvt-t', 'pvt-t']
+    for r in rows:
+        assert r['rounds'] == 2 and len(r['times_s']) == 4
+        steps = sorted(r['times_s'])
+        assert r['time_s'] == pytest.approx((steps[1] + steps[2]) / 2)
+    merged = bench.merge_rounds([
+        dict(status='ok', times_s=[1.0], time_s=1.0, mem_peak_mib=5., mem_delta_mib=1.),
+        dict(status='ok', times_s=[3.0, 2.0], time_s=2.5, mem_peak_mib=4., mem_delta_mib=2.)
+    ])
+    assert (merged['time_s'], merged['mem_peak_mib'], merged['mem_delta_mib']) == (2.0, 5., 2.)
+    oom = dict(status='oom', error='out of memory')
+    assert bench.merge_rounds([merged, oom]) is oom
+
+
 def test_isolated_measurement_reports_process_memory():
     """CPU default: a fresh process per measurement; its resident-memory delta counts
     the training step's activations and gradients, the peak the whole process."""
@@ -178,6 +207,7 @@ def test_overrides_apply_by_name_or_by_argument():
 @pytest.mark.parametrize('args,message', [
     (['--backbones', 'pola-pvt-t', '--repeat', '0'], '--repeat must be >= 1, got 0'),
     (['--backbones', 'pola-pvt-t', '--warmup', '-1'], '--warmup must be >= 0'),
+    (['--backbones', 'pola-pvt-t', '--rounds', '0'], '--rounds must be >= 1, got 0'),
     (['--backbones', 'pola-pvt-t', '--batch', '0'], '--batch values must be >= 1'),
     (['--backbones', 'pola-pvt-x'], "--backbones: unknown ['pola-pvt-x']"),
     ([], 'give --backbones and/or --config'),

@@ -26,7 +26,10 @@ files (``--config``; labelled by the file name). Names:
                         (configs/pola_vit/upernet_deit-*16_8xb2-80k_ade20k-512x512.py)
 
 Pretrained weights are never loaded. A measurement runs ``--warmup`` untimed steps,
-then ``--repeat`` timed ones and reports their median. ``forward`` is an inference
+then ``--repeat`` timed ones and reports their median; ``--rounds N`` measures every
+backbone N times over, the backbones taking turns within each round, and reports the
+median of all rounds' steps (and the largest peak memory), so that a machine's drift moves
+every row alike. ``forward`` is an inference
 forward (eval mode, no autograd); ``train`` is one training step of the backbone
 alone: forward in train mode and backward of ``sum(mean(out ** 2))`` over all outputs
 (gradients of every parameter; no optimizer step).
@@ -121,6 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=3,
         help='timed steps per measurement; the median is reported (default 3)')
     p.add_argument('--warmup', type=int, default=1, help='untimed steps before them (default 1)')
+    p.add_argument(
+        '--rounds',
+        type=int,
+        default=1,
+        help='measure every backbone this many times over, the backbones taking turns '
+        'within each round, and report the median of all rounds\' timed steps (the peak '
+        'memory: the largest); drift of the machine then moves every row alike (default 1)')
     p.add_argument('--device', default='cpu', help="'cpu' or 'cuda[:i]' (default cpu)")
     p.add_argument(
         '--amp',
@@ -173,6 +183,7 @@ def validate(args: argparse.Namespace) -> dict:
     """Check the arguments; returns the parsed settings (raises BenchmarkError)."""
     _require(args.repeat >= 1, f'--repeat must be >= 1, got {args.repeat}')
     _require(args.warmup >= 0, f'--warmup must be >= 0, got {args.warmup}')
+    _require(args.rounds >= 1, f'--rounds must be >= 1, got {args.rounds}')
     _require(all(b >= 1 for b in args.batch), f'--batch values must be >= 1, got {args.batch}')
     _require(args.threads is None or args.threads >= 1,
              f'--threads must be >= 1, got {args.threads}')
@@ -214,6 +225,7 @@ def validate(args: argparse.Namespace) -> dict:
         precisions=amp,
         repeat=args.repeat,
         warmup=args.warmup,
+        rounds=args.rounds,
         isolate=isolate,
         threads=args.threads,
         timeout=args.timeout,
