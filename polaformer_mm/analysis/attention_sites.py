@@ -102,28 +102,22 @@ class Site:
         raise NotImplementedError
 
     # window geometry (pad bottom / right to multiples, roll by -shift, row-major)
-    def _window_axes(self):
-        """((wh, ww), (sh, sw), (Hp, Wp)): the window, the shift and the padded map, per
-        axis (``window``: a square window and shift as ints, or pairs)."""
-        ws, shift = self.window
-        wh, ww = ws if isinstance(ws, (tuple, list)) else (ws, ws)
-        sh, sw = shift if isinstance(shift, (tuple, list)) else (shift, shift)
-        H, W = self.stage_hw
-        return (wh, ww), (sh, sw), (-(-H // wh) * wh, -(-W // ww) * ww)
-
     def _window_of(self, cells: np.ndarray):
-        (wh, ww), (sh, sw), (Hp, Wp) = self._window_axes()
-        rr, cc = (cells[:, 0] - sh) % Hp, (cells[:, 1] - sw) % Wp
-        index = (rr // wh) * (Wp // ww) + cc // ww
-        slot = (rr % wh) * ww + cc % ww
+        ws, shift = self.window
+        H, W = self.stage_hw
+        Hp, Wp = -(-H // ws) * ws, -(-W // ws) * ws
+        rr, cc = (cells[:, 0] - shift) % Hp, (cells[:, 1] - shift) % Wp
+        index = (rr // ws) * (Wp // ws) + cc // ws
+        slot = (rr % ws) * ws + cc % ws
         return index, slot
 
     def _window_keys(self, index: int) -> Tuple[np.ndarray, np.ndarray]:
-        (wh, ww), (sh, sw), (Hp, Wp) = self._window_axes()
+        ws, shift = self.window
         H, W = self.stage_hw
-        t = np.arange(wh * ww)
-        rows = (index // (Wp // ww) * wh + t // ww + sh) % Hp
-        cols = (index % (Wp // ww) * ww + t % ww + sw) % Wp
+        Hp, Wp = -(-H // ws) * ws, -(-W // ws) * ws
+        t = np.arange(ws * ws)
+        rows = (index // (Wp // ws) * ws + t // ws + shift) % Hp
+        cols = (index % (Wp // ws) * ws + t % ws + shift) % Wp
         return np.stack([rows, cols], 1), (rows < H) & (cols < W)
 
     def _grid_keys(self) -> Tuple[np.ndarray, np.ndarray]:
@@ -199,12 +193,8 @@ class PolaSite(Site):
         self.stage_hw = tuple(int(s) for s in block_call[0][1])
         self._projected = None
         if getattr(parent, 'window_size', None) is not None and hasattr(parent, 'shifted'):
-            ws = parent.window_of(self.stage_hw) if hasattr(
-                parent, 'window_of') else (parent.window_size, parent.window_size)
-            if ws[0] == ws[1]:
-                self.window = (ws[0], window_shift(self.stage_hw, ws[0], parent.shifted))
-            else:
-                self.window = (tuple(ws), tuple(window_shift(self.stage_hw, ws, parent.shifted)))
+            ws = parent.window_size
+            self.window = (ws, window_shift(self.stage_hw, ws, parent.shifted))
             self.key_hw = self.stage_hw
         else:
             self.window = None

@@ -15,12 +15,7 @@ Which modules: :func:`window_attention_scopes` lists those of a model whose bloc
 so (``pola_windows``); the rewrite finds their nodes by the scope names the TorchScript
 exporter gives (``/…/stages.0/blocks.1/attn/MatMul_3``). A module's nodes qualify when
 they give one value read outside them and read, besides constants and initializers, only
-values whose first axis is the batch (the windows and their padding mask) and scalars (the
-sizes of the balanced windows, which the graph computes from the map's: they enter the
-``Scan`` as state variables that every step passes on unchanged). Values the exporter
-computed once for several modules (its common subexpressions: the interpolation matrices
-of the positional encodings of two blocks whose windows have the same computed size) are
-first computed again in each module that reads them (:func:`_unshare`). The model and
+values whose first axis is the batch (the windows and their padding mask). The model and
 its eager forward are untouched; :func:`~.graph_passes.finish_graph` applies the rewrite
 to every graph the project's exports write.
 """
@@ -63,61 +58,6 @@ def _constants(graph) -> Set[str]:
     return found
 
 
-def _unshare(graph, scopes: Sequence[str]) -> int:
-    """Give every module of ``scopes`` its own copy of the values it reads from nodes of
-    another module of ``scopes`` (the exporter merges identical computations across
-    modules into the first one's scope), each copy placed before its first reader and
-    named into the reader's scope; returns how many nodes were copied. The graph computes
-    the same values."""
-    from onnx import NodeProto
-    nodes = list(graph.node)
-    scope_of: Dict[int, int] = {}
-    for s, scope in enumerate(scopes):
-        for i, node in enumerate(nodes):
-            if i not in scope_of and _in_scope(node.name, scope):
-                scope_of[i] = s
-    producer = {out: i for i, node in enumerate(nodes) for out in node.output if out}
-    inserts: Dict[int, List] = {}
-    copied: Dict[int, Dict[str, str]] = {}
-
-    def foreign(name: str, s: int) -> bool:
-        p = producer.get(name)
-        return p is not None and scope_of.get(p, s) != s
-
-    def copy(name: str, s: int, reader: int, prefix: str) -> str:
-        known = copied.setdefault(s, {})
-        if name not in known:
-            node = nodes[producer[name]]
-            new = NodeProto()
-            new.CopyFrom(node)
-            for k, inp in enumerate(node.input):
-                if inp and foreign(inp, s):
-                    new.input[k] = copy(inp, s, reader, prefix)
-            for k, out in enumerate(node.output):
-                if out:
-                    new.output[k] = known[out] = f'{out}/shared{s}'
-            new.name = f'{prefix}/{node.name.rsplit("/", 1)[-1]}_shared{s}'
-            inserts.setdefault(reader, []).append(new)
-        return known[name]
-
-    for i, node in enumerate(nodes):
-        s = scope_of.get(i)
-        if s is None:
-            continue
-        for k, name in enumerate(node.input):
-            if name and foreign(name, s):
-                node.input[k] = copy(name, s, i, node.name.rsplit('/', 1)[0])
-    if not inserts:
-        return 0
-    order = []
-    for i, node in enumerate(nodes):
-        order.extend(inserts.get(i, []))
-        order.append(node)
-    del graph.node[:]
-    graph.node.extend(order)
-    return sum(len(v) for v in inserts.values())
-
-
 def _axes_node(op: str, value: str, out: str, opset: int, axes_name: str):
     """``Unsqueeze`` / ``Squeeze`` of axis 0, in the form of the opset (axes an attribute
     before 13, an input from 13)."""
@@ -150,17 +90,10 @@ def _rewrite_scope(graph, outside: List, index: int, nodes: List, constants: Set
     prefix = f'/window_scan{index}'
     axes = f'{prefix}/axis0'
     renamed = {name: f'{name}{prefix}' for name in inputs + [y]}
-    states = [name for name in inputs if ranks[name][0] == 0]  # scalars: loop-invariant
-    scanned = [name for name in inputs if ranks[name][0] != 0]
-    if not scanned:
-        return None
-    body_nodes, body_inputs, state_outputs = [], [], []
-    for name in states:  # passed to every step and on to the next unchanged
-        elem = ranks[name][1]
-        body_inputs.append(helper.make_tensor_value_info(renamed[name], elem, []))
-        body_nodes.append(helper.make_node('Identity', [renamed[name]], [f'{prefix}/{name}/state']))
-        state_outputs.append(helper.make_tensor_value_info(f'{prefix}/{name}/state', elem, []))
-    for name in scanned:  # the scan gives one window without its batch axis
+    if any(ranks[name][0] == 0 for name in inputs):
+        return None  # a scalar has no batch axis to scan over
+    body_nodes, body_inputs = [], []
+    for name in inputs:  # the scan gives one window without its batch axis
         rank, elem = ranks[name]
         shape = None if rank is None else [None] * (rank - 1)
         body_inputs.append(helper.make_tensor_value_info(f'{prefix}/{name}', elem, shape))
@@ -170,16 +103,10 @@ def _rewrite_scope(graph, outside: List, index: int, nodes: List, constants: Set
     body_nodes.append(_axes_node('Squeeze', renamed[y], f'{prefix}/{y}', opset, axes))
     body = helper.make_graph(
         body_nodes, f'{prefix}/body', body_inputs,
-        state_outputs + [helper.make_tensor_value_info(f'{prefix}/{y}', elem, [None] * (rank - 1))])
-    finals = [f'{prefix}/{name}/final' for name in states]
+        [helper.make_tensor_value_info(f'{prefix}/{y}', elem, [None] * (rank - 1))])
     return [
         helper.make_node(
-            'Scan',
-            states + scanned,
-            finals + [y],
-            num_scan_inputs=len(scanned),
-            body=body,
-            name=f'{prefix}/Scan')
+            'Scan', inputs, [y], num_scan_inputs=len(inputs), body=body, name=f'{prefix}/Scan')
     ]
 
 
@@ -218,7 +145,6 @@ def scan_windows(model, scopes: Sequence[str]) -> int:
     if opset < 11 or not scopes:
         return 0
     graph = model.graph
-    _unshare(graph, scopes)
     nodes = list(graph.node)  # positions identify the nodes from here on
     groups = [[i for i, n in enumerate(nodes) if _in_scope(n.name, scope)] for scope in scopes]
     groups = [group for group in groups if group]

@@ -25,7 +25,7 @@ makes that choice itself, once, and the layers only call it:
 The attention op itself decides in its dispatch (:mod:`polaformer_mm.ops.pola_attention`).
 """
 from functools import lru_cache
-from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -38,8 +38,8 @@ from ..ops.blocked_mlp import mlp_gelu
 from ..ops.depthwise_conv import depthwise_conv2d
 from ..utils.capture import graph_capture
 from ..utils.compat import is_autocast_enabled
-from .window_geometry import (captured_window_layout, padded_size, window_gather, window_mask,
-                              window_padding, window_shift)
+from .window_geometry import (captured_window_layout, window_gather, window_mask, window_padding,
+                              window_shift)
 
 
 def check_sizes(error: Callable[[], Optional[str]]) -> None:
@@ -87,16 +87,12 @@ def nchw_to_nlc(x: Tensor) -> Tensor:
     return x.permute(0, 2, 3, 1).reshape(B, H * W, C)
 
 
-def pad_to_multiple(x: Tensor, multiple: Union[int, Tuple[int, int]]) -> Tensor:
-    """Zero-pad a (B, C, H, W) map on the bottom/right to multiples of ``multiple``: an
-    int, or a pair ``(mh, mw)`` per axis (0-dim tensors in a graph capture: the balanced
-    windows of :func:`~polaformer_mm.models.window_geometry.balanced_window`); under a
-    graph capture always, by amounts the graph computes from the sizes."""
+def pad_to_multiple(x: Tensor, multiple: int) -> Tensor:
+    """Zero-pad a (B, C, H, W) map on the bottom/right to multiples of ``multiple``
+    (under a graph capture always, by amounts the graph computes from the sizes)."""
     H, W = x.shape[-2:]
-    if isinstance(multiple, (tuple, list)):
-        pad_h, pad_w = padded_size(H, multiple[0]) - H, padded_size(W, multiple[1]) - W
-    else:
-        pad_h, pad_w = (-H) % multiple, (-W) % multiple
+    pad_h = (-H) % multiple
+    pad_w = (-W) % multiple
     if graph_capture() or pad_h or pad_w:
         x = F.pad(x, (0, pad_w, 0, pad_h))
     return x
@@ -282,7 +278,7 @@ class WindowLayout(NamedTuple):
 
 
 def window_layout(hw_shape: Sequence[int],
-                  window_size: Union[int, Tuple[int, int]],
+                  window_size: int,
                   shifted: bool,
                   device: torch.device,
                   dtype: torch.dtype,
@@ -295,11 +291,8 @@ def window_layout(hw_shape: Sequence[int],
     sizes it was captured at. The softmax mask is given in ``dtype``; with
     ``softmax_mask=False`` (the linear windows, which take the padding only) it is
     None, never computed: it holds T x T values per window, where T is the window's
-    token count (3136 for the 56 x 56 windows of Pola-Swin). ``window_size`` is an int
-    (square windows) or a pair ``(wh, ww)`` (the balanced windows of
-    :func:`~polaformer_mm.models.window_geometry.balanced_window`; 0-dim tensors in a
-    graph capture)."""
-    ws = tuple(window_size) if isinstance(window_size, (tuple, list)) else window_size
+    token count (3136 for the 56 x 56 windows of Pola-Swin)."""
+    ws = window_size
     if graph_capture():
         H, W = hw_shape
         to_windows, from_windows, regions = captured_window_layout(H, W, ws, shifted, device)

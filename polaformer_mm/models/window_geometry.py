@@ -1,7 +1,5 @@
 """Window geometry of the Swin stages: partition and reverse, the shift, the padding and
-the masks, for an H x W map of tokens in windows of ``window_size`` x ``window_size`` (or
-of ``(wh, ww)``, a window given per axis: the balanced windows of
-:func:`balanced_window`).
+the masks, for an H x W map of tokens in windows of ``window_size`` x ``window_size``.
 
 The layout is the official Swin one: the map is zero-padded at the bottom and right to
 multiples of the window (:func:`padded_size`), shifted blocks roll it by ``-shift``
@@ -25,15 +23,9 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    'window_partition', 'window_reverse', 'padded_size', 'balanced_window', 'window_shift',
-    'window_regions', 'window_layout', 'window_gather', 'window_mask', 'window_padding',
-    'captured_window_layout'
+    'window_partition', 'window_reverse', 'padded_size', 'window_shift', 'window_regions',
+    'window_layout', 'window_gather', 'window_mask', 'window_padding', 'captured_window_layout'
 ]
-
-
-def _pair(value) -> tuple:
-    """``value`` as a per-axis pair: a tuple or list as it is, anything else twice."""
-    return tuple(value) if isinstance(value, (tuple, list)) else (value, value)
 
 
 def window_partition(x: torch.Tensor, window_size: int) -> torch.Tensor:
@@ -60,33 +52,12 @@ def padded_size(size: int, window_size: int) -> int:
     return (size + window_size - 1) // window_size * window_size
 
 
-def balanced_window(size, window_size: int):
-    """The side of the balanced windows along an axis of ``size`` tokens: the map is split
-    into as many windows as the official layout takes, ``n = ceil(size / window_size)``,
-    each ``ceil(size / n)`` tokens (at most ``window_size``), so that fewer than ``n``
-    tokens are padding, where the official layout pads up to ``window_size - 1``. A map
-    that is a multiple of the window, or no larger than it, gets the window itself or its
-    own size (the official layout). ``size`` may be a 0-dim tensor (a trace)."""
-    count = (size + window_size - 1) // window_size
-    return (size + count - 1) // count
-
-
-def window_shift(hw_shape: Sequence, window_size, shifted: bool):
+def window_shift(hw_shape: Sequence, window_size: int, shifted: bool):
     """Half a window on shifted blocks, when the map is larger than one window along
     both sides; 0 otherwise (a map no larger than the window along its shorter side
     is one window row, never shifted: the official rule). For sizes given as 0-dim
-    tensors (a trace) the shift is a 0-dim tensor the graph computes. For a window given
-    per axis, ``(wh, ww)``, the shift is a pair: half of each side, under the same rule
-    (H > wh and W > ww)."""
+    tensors (a trace) the shift is a 0-dim tensor the graph computes."""
     H, W = hw_shape
-    if isinstance(window_size, (tuple, list)):
-        wh, ww = window_size
-        if not shifted:
-            return (0, 0)
-        if isinstance(H, Tensor):
-            both = (H > wh).to(torch.long) * (W > ww).to(torch.long)
-            return (both * (wh // 2), both * (ww // 2))
-        return (wh // 2, ww // 2) if H > wh and W > ww else (0, 0)
     if not shifted:
         return 0
     if isinstance(H, Tensor):
@@ -94,7 +65,7 @@ def window_shift(hw_shape: Sequence, window_size, shifted: bool):
     return window_size // 2 if min(H, W) > window_size else 0
 
 
-def window_layout(H, W, window_size, shift, device: torch.device):
+def window_layout(H, W, window_size: int, shift, device: torch.device):
     """The window layout of an H x W map: ``(to_windows, from_windows, regions)``.
 
     ``to_windows`` (nW * T,) holds for every window token its index in the map padded to
@@ -103,56 +74,48 @@ def window_layout(H, W, window_size, shift, device: torch.device):
     its position among the window tokens; ``regions`` (nW, T) the shift region (0..8) of
     every window token, all 0 without shift, -1 at tokens added by padding. Tensor
     operations on the sizes: H, W and ``shift`` may be ints or 0-dim tensors (a trace).
-    ``window_size`` and ``shift`` may also be given per axis, ``(wh, ww)`` and ``(sh,
-    sw)`` (windows of wh x ww tokens, T = wh * ww).
     """
-    (wh, ww), (sh, sw) = _pair(window_size), _pair(shift)
-    Hp, Wp = padded_size(H, wh), padded_size(W, ww)
+    ws = window_size
+    Hp, Wp = padded_size(H, ws), padded_size(W, ws)
     # row / column of the padded map at every position of the map rolled by -shift
-    rows = (torch.arange(Hp, device=device) + sh) % Hp
-    cols = (torch.arange(Wp, device=device) + sw) % Wp
+    rows = (torch.arange(Hp, device=device) + shift) % Hp
+    cols = (torch.arange(Wp, device=device) + shift) % Wp
 
     def windows(grid: Tensor) -> Tensor:  # (Hp, Wp) in rolled positions -> (nW, T)
-        return grid.reshape(-1, wh, Wp // ww, ww).transpose(1, 2).reshape(-1, wh * ww)
+        return grid.reshape(-1, ws, Wp // ws, ws).transpose(1, 2).reshape(-1, ws * ws)
 
     to_windows = windows(rows[:, None] * Wp + cols[None, :]).reshape(-1)
     # rolled position of every real token, then its place among the window tokens
-    i = (torch.arange(H, device=device) + (Hp - sh)) % Hp
-    j = (torch.arange(W, device=device) + (Wp - sw)) % Wp
-    window = (i // wh)[:, None] * (Wp // ww) + (j // ww)[None, :]
-    from_windows = (window * (wh * ww) + ((i % wh) * ww)[:, None] + (j % ww)[None, :]).reshape(-1)
+    i = (torch.arange(H, device=device) + (Hp - shift)) % Hp
+    j = (torch.arange(W, device=device) + (Wp - shift)) % Wp
+    window = (i // ws)[:, None] * (Wp // ws) + (j // ws)[None, :]
+    from_windows = (window * (ws * ws) + ((i % ws) * ws)[:, None] + (j % ws)[None, :]).reshape(-1)
 
-    def region(pos: Tensor, size, ws, shift) -> Tensor:  # shift regions 0 | 1 | 2 on an axis
+    def region(pos: Tensor, size) -> Tensor:  # shift regions 0 | 1 | 2 along one axis
         ids = (pos >= size - ws).to(torch.long) + (pos >= size - shift).to(torch.long)
         if isinstance(shift, Tensor):
             return ids * (shift > 0).to(torch.long)
         return ids if shift else torch.zeros_like(ids)
 
-    ids = region(torch.arange(Hp, device=device), Hp, wh, sh)[:, None] * 3 + region(
-        torch.arange(Wp, device=device), Wp, ww, sw)[None, :]
+    ids = region(torch.arange(Hp, device=device), Hp)[:, None] * 3 + region(
+        torch.arange(Wp, device=device), Wp)[None, :]
     padded = (rows >= H)[:, None] | (cols >= W)[None, :]
     return to_windows, from_windows, windows(ids.masked_fill(padded, -1))
 
 
-def _padded(H: int, W: int, window_size) -> bool:
-    """Whether an H x W map in windows of ``window_size`` (an int or a pair) is padded."""
-    wh, ww = _pair(window_size)
-    return (padded_size(H, wh), padded_size(W, ww)) != (H, W)
-
-
 @lru_cache(maxsize=64)
-def window_regions(H: int, W: int, window_size, shift):
+def window_regions(H: int, W: int, window_size: int, shift: int):
     """Per window token ids (nW, T) over an H x W map padded to multiples of the
     window and rolled by -shift: the shift region (0..8) of every real token, -1 for
-    tokens added by padding (:func:`window_layout`; window and shift an int or a pair).
-    None when there is neither shift nor padding. Cached per size."""
-    if _pair(shift) == (0, 0) and not _padded(H, W, window_size):
+    tokens added by padding (:func:`window_layout`). None when there is neither shift
+    nor padding. Cached per size."""
+    if shift == 0 and (padded_size(H, window_size), padded_size(W, window_size)) == (H, W):
         return None
     return window_layout(H, W, window_size, shift, torch.device('cpu'))[2]
 
 
 @lru_cache(maxsize=64)
-def window_gather(H: int, W: int, window_size, shift,
+def window_gather(H: int, W: int, window_size: int, shift: int,
                   device: torch.device) -> Tuple[Tensor, Tensor]:
     """Token indices that lay an H x W map out as windows and back, in one gather
     each (instead of padding, rolling and partitioning in three copies):
@@ -161,7 +124,7 @@ def window_gather(H: int, W: int, window_size, shift,
 
 
 @lru_cache(maxsize=64)
-def window_mask(H: int, W: int, window_size, shift, device: torch.device):
+def window_mask(H: int, W: int, window_size: int, shift: int, device: torch.device):
     """Additive (nW, T, T) mask of the softmax windows: -inf between tokens of
     different shift regions, and between real and padded tokens. None when nothing
     is masked.
@@ -181,19 +144,18 @@ def window_mask(H: int, W: int, window_size, shift, device: torch.device):
 
 
 @lru_cache(maxsize=64)
-def window_padding(H: int, W: int, window_size, shift, device: torch.device):
+def window_padding(H: int, W: int, window_size: int, shift: int, device: torch.device):
     """(nW, T) bool, True at tokens added by padding; None without padding. The
     linear windows ignore the shift regions, as the official code does."""
-    if not _padded(H, W, window_size):
+    if (padded_size(H, window_size), padded_size(W, window_size)) == (H, W):
         return None
     return (window_regions(H, W, window_size, shift) < 0).to(device)
 
 
-def captured_window_layout(H, W, window_size, shifted: bool, device: torch.device):
+def captured_window_layout(H, W, window_size: int, shifted: bool, device: torch.device):
     """:func:`window_layout` for a graph capture (a jit trace passes H and W as 0-dim
     tensors), with the shift decided by the graph (:func:`window_shift`), so that one
-    captured graph serves any map size (the window an int, or a pair of sizes the
-    graph computes: :func:`balanced_window`). Never cached.
+    captured graph serves any map size. Never cached.
 
     Returns ``(to_windows, from_windows, regions)`` of :func:`window_layout` (regions
     all 0 without shift; -1 at padding), never None.

@@ -13,8 +13,9 @@ files (``--config``; labelled by the file name). Names:
                         (configs/pola_pvt/mask-rcnn_pola-pvt-*_fpn_1x_coco.py)
     pvt-{t,s,m,l}       mmdet PyramidVisionTransformer, num_layers 2-2-2-2, 3-4-6-3,
                         3-4-18-3, 3-8-27-3 (configs/pola_pvt/mask-rcnn_pvt-*_fpn_1x_coco.py)
-    pola-swin-{t,s,b}   PolaSwin tiny/small/base ('LLSS'; -t/-s as in the Mask R-CNN
-                        configs, -b as in configs/pola_swin/upernet_pola-swin-b_*.py)
+    pola-swin-{t,s,b}   PolaSwin tiny/small/base ('LLSS', the 'L' stages over the whole
+                        map; -t/-s as in the Mask R-CNN configs, -b as in
+                        configs/pola_swin/upernet_pola-swin-b_*.py)
     swin-{t,s,b}        mmdet SwinTransformer with the sizes of the softmax baselines
                         (configs/pola_swin/mask-rcnn_swin-{t,s}-*.py, upernet_swin-b_*.py)
     pola-pvtv2-b{0,1,2} PolaPVTv2 b0/b1/b2 ('LLLL') as in the Mask R-CNN configs

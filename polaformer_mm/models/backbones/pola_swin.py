@@ -18,7 +18,6 @@ from ..family import BackboneFamily, config_set, register_family
 from ..official_weights import SWIN_RULES
 from ..utils import (Mlp, PatchEmbed, StagePositionalEncodings, drop_path_rates, pad_to_multiple,
                      run_blocks, token_rows, window_layout)
-from ..window_geometry import balanced_window
 from .base import PolaBackboneBase, check_positive_int
 
 
@@ -43,18 +42,6 @@ def check_window_fits(window_size: int, attn_types: str, grids: Sequence[Tuple[i
             '384 Swin-B 12), or set pretrain_img_size to the size the model is trained at')
 
 
-LINEAR_WINDOW_LAYOUTS = ('official', 'balanced')
-
-
-def check_linear_window_layout(layout: str) -> str:
-    """``layout`` when it is one of :data:`LINEAR_WINDOW_LAYOUTS`; a ValueError naming it
-    otherwise."""
-    if layout not in LINEAR_WINDOW_LAYOUTS:
-        raise ValueError(f'linear_window_layout must be one of {LINEAR_WINDOW_LAYOUTS}, '
-                         f'got {layout!r}')
-    return layout
-
-
 class SwinBlock(BaseModule):
     """Swin block: ``x + attn(norm1(x))``, then ``x + mlp(norm2(x))``.
 
@@ -63,11 +50,7 @@ class SwinBlock(BaseModule):
     zero-padded to a multiple of the window, shifted blocks roll it by half a
     window when it is larger than the window along both sides, no shift mask is
     applied, padded tokens take no part) or, with ``linear_window_size=None``, over
-    the whole map at once (never shifted, ``P`` resized to the map). With
-    ``linear_window_layout='balanced'`` the windows of an 'L' block are balanced over
-    the map instead: as many windows per axis as the official form takes, each of
-    :func:`~polaformer_mm.models.window_geometry.balanced_window` tokens (at most
-    ``linear_window_size``, ``P`` resized to it), shifted by half of it. 'S' blocks run
+    the whole map at once (never shifted, ``P`` resized to the map). 'S' blocks run
     window softmax attention with ``window_size``, shifted blocks with the Swin
     shift mask.
 
@@ -83,9 +66,6 @@ class SwinBlock(BaseModule):
         pos_grid (Sequence[int]): Grid of the 'L' block's positional encoding:
             the window, or for the global form the stage's grid at pretraining.
             Default: (56, 56).
-        linear_window_layout (str): 'official' (windows of ``linear_window_size``,
-            the map padded to multiples of it) or 'balanced' (windows balanced over
-            the map). Default: 'official'.
         alpha (float): Pola exponent ``1 + alpha * sigmoid(power)``. Default: 4.0.
         kernel_size (int): Pola depthwise-conv kernel. Default: 5.
         mlp_ratio (float): Hidden width of the MLP as a multiple of C. Default: 4.
@@ -109,7 +89,6 @@ class SwinBlock(BaseModule):
                  shifted: bool = False,
                  linear_window_size: Optional[int] = None,
                  pos_grid: Sequence[int] = (56, 56),
-                 linear_window_layout: str = 'official',
                  alpha: float = 4.0,
                  kernel_size: int = 5,
                  mlp_ratio: float = 4.,
@@ -125,8 +104,6 @@ class SwinBlock(BaseModule):
             raise ValueError(f"attn_type must be 'L' or 'S', got {attn_type!r}")
         self.uses_pola = attn_type == 'L'
         self.shifted = bool(shifted)
-        self.balanced = (
-            self.uses_pola and check_linear_window_layout(linear_window_layout) == 'balanced')
         self.norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
         if self.uses_pola:
             # None: one global window; an int: windows whose grid is also P's
@@ -160,32 +137,21 @@ class SwinBlock(BaseModule):
         (:mod:`polaformer_mm.deployment.window_scan`)."""
         return self.uses_pola and self.window_size is not None
 
-    def window_of(self, hw_shape: Sequence[int]) -> Tuple[int, int]:
-        """(height, width) of the windows this block lays on an H x W map:
-        ``window_size`` along both sides, or the balanced windows
-        (:func:`~polaformer_mm.models.window_geometry.balanced_window`)."""
-        H, W = hw_shape
-        if self.balanced:
-            return balanced_window(H, self.window_size), balanced_window(W, self.window_size)
-        return self.window_size, self.window_size
-
     def _window_attention(self, x: Tensor, hw_shape: Sequence[int]) -> Tensor:
-        """Attention within the (shifted) windows of the map (``window_size``, or the
-        balanced windows), the layout and masks of
-        :func:`~polaformer_mm.models.utils.window_layout`: the map padded to multiples
-        of the window, rolled and laid out as windows in one gather, and back."""
+        """Attention within the (shifted) square windows of the map (``window_size``),
+        the layout and masks of :func:`~polaformer_mm.models.utils.window_layout`: the
+        map padded to multiples of the window, rolled and laid out as windows in one
+        gather, and back."""
         H, W = hw_shape
         B, N, C = x.shape
-        wh, ww = self.window_of(hw_shape)
-        # the official layout is keyed by its square window (cached per size in eager runs)
-        window = (wh, ww) if self.balanced else self.window_size
+        ws = self.window_size
         layout = window_layout(
-            hw_shape, window, self.shifted, x.device, x.dtype, softmax_mask=not self.uses_pola)
-        x = pad_to_multiple(x.view(B, H, W, C).permute(0, 3, 1, 2), window).permute(0, 2, 3, 1)
-        windows = x.reshape(B, -1, C).index_select(1, layout.to_windows).view(-1, wh * ww, C)
+            hw_shape, ws, self.shifted, x.device, x.dtype, softmax_mask=not self.uses_pola)
+        x = pad_to_multiple(x.view(B, H, W, C).permute(0, 3, 1, 2), ws).permute(0, 2, 3, 1)
+        windows = x.reshape(B, -1, C).index_select(1, layout.to_windows).view(-1, ws * ws, C)
         if self.uses_pola:
             padding = None if layout.padding is None else layout.padding.repeat(B, 1)
-            windows = self.attn(windows, (wh, ww), padding_mask=padding)
+            windows = self.attn(windows, (ws, ws), padding_mask=padding)
         else:
             windows = self.attn(windows, layout.mask)
         return windows.view(B, -1, C).index_select(1, layout.from_windows)
@@ -318,16 +284,12 @@ class PolaSwin(PolaBackboneBase):
         linear_window_size (int | None): Window of the 'L' stages. An int gives
             each 'L' stage a square window of ``min(linear_window_size, the
             stage's grid at pretrain_img_size)`` (56 and 28 for the 224 models,
-            96 and 48 for the 384 Swin-B), the official computation; None gives
-            one window over the whole map. How both forms run at any input size:
-            docs/user_guides/config.md, "Any input size". Default: 56.
-        linear_window_layout (str): How the windows of the 'L' stages lie on a map
-            that is not a multiple of them: 'official' pads the map to multiples of
-            the window; 'balanced' splits each side into as many windows as the
-            official layout, of ``ceil(side / count)`` tokens each (at most the
-            window; ``P`` resized to them), so that fewer than ``count`` tokens per
-            side are padding. Both are the same at ``pretrain_img_size`` and wherever
-            the map is a multiple of the window. Default: 'official'.
+            96 and 48 for the 384 Swin-B), the official classifier's computation
+            (the ImageNet configs); None gives one window over the whole map,
+            unshifted and unpadded, ``P`` resized to it: the dense form of the
+            lineage's downstream code, which every dense config uses. How both forms
+            run at any input size: docs/user_guides/config.md, "Any input size".
+            Default: 56.
         pretrain_img_size (int | tuple): Input size at pretraining; sets the stage
             grids (56x56, 28x28, ... at 224) the windows and the positional
             encodings of the 'L' stages derive from. Default: 224.
@@ -381,7 +343,6 @@ class PolaSwin(PolaBackboneBase):
                  attn_types: str = 'LLSS',
                  window_size: int = 7,
                  linear_window_size: Optional[int] = 56,
-                 linear_window_layout: str = 'official',
                  pretrain_img_size: Union[int, Sequence[int]] = 224,
                  patch_size: int = 4,
                  in_channels: int = 3,
@@ -410,7 +371,6 @@ class PolaSwin(PolaBackboneBase):
         check_window_fits(window_size, self.attn_types, grids, pretrain_img_size)
         if linear_window_size is not None:
             linear_window_size = check_positive_int('linear_window_size', linear_window_size)
-        self.linear_window_layout = check_linear_window_layout(linear_window_layout)
         if not mlp_ratio > 0:
             raise ValueError(f'mlp_ratio must be > 0, got {mlp_ratio}')
         self.arch = arch
@@ -425,7 +385,6 @@ class PolaSwin(PolaBackboneBase):
             with_cp=with_cp,
             norm_cfg=norm_cfg,
             window_size=window_size,
-            linear_window_layout=linear_window_layout,
             alpha=alpha,
             kernel_size=kernel_size,
             mlp_ratio=mlp_ratio,
