@@ -92,6 +92,23 @@ from polaformer_mm.utils.output_paths import OutputPathError, check_output_dir  
 OUT_STEM = 'benchmark_backbone'
 
 
+def _add_timing_arguments(p: argparse.ArgumentParser) -> None:
+    """--repeat, --warmup and --rounds."""
+    p.add_argument(
+        '--repeat',
+        type=int,
+        default=3,
+        help='timed steps per measurement; the median is reported (default 3)')
+    p.add_argument('--warmup', type=int, default=1, help='untimed steps before them (default 1)')
+    p.add_argument(
+        '--rounds',
+        type=int,
+        default=1,
+        help='measure every backbone this many times over, the backbones taking turns '
+        'within each round, and report the median of all rounds\' timed steps (the peak '
+        'memory: the largest); drift of the machine then moves every row alike (default 1)')
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description='Time and peak memory of backbones side by side (Pola vs softmax)',
@@ -119,19 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=['forward', 'train'],
         choices=benchmark.MODES,
         help='forward (inference) and/or train (forward + backward)')
-    p.add_argument(
-        '--repeat',
-        type=int,
-        default=3,
-        help='timed steps per measurement; the median is reported (default 3)')
-    p.add_argument('--warmup', type=int, default=1, help='untimed steps before them (default 1)')
-    p.add_argument(
-        '--rounds',
-        type=int,
-        default=1,
-        help='measure every backbone this many times over, the backbones taking turns '
-        'within each round, and report the median of all rounds\' timed steps (the peak '
-        'memory: the largest); drift of the machine then moves every row alike (default 1)')
+    _add_timing_arguments(p)
     p.add_argument('--device', default='cpu', help="'cpu' or 'cuda[:i]' (default cpu)")
     p.add_argument(
         '--amp',
