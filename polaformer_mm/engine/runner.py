@@ -56,7 +56,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ..utils.checkpoint_io import CheckpointError, atomic_write, load_checkpoint
 from ..utils.mmcv_ops import check_mmcv_cuda_ops
 from .checkpoint_fit import check_checkpoint_fits, checkpoint_state_dict, describe_mismatch
-from .class_check import check_num_classes
+from .class_check import check_count_types, check_num_classes
 from .divergence import CONFIG_KEY as DIVERGENCE_GUARD_KEY
 from .divergence import DivergenceGuardHook, describe_non_finite, non_finite_tensors
 from .hooks import PolaCheckpointHook, ResumableStateHook
@@ -189,7 +189,11 @@ class PolaRunner(Runner):
         torch_dist.init_process_group(backend='gloo', timeout=timeout, **dist_cfg)
 
     def build_model(self, model):
-        """mmengine's ``build_model``, then :func:`~.model_check.check_model_channels`."""
+        """mmengine's ``build_model``, then :func:`~.model_check.check_model_channels`; a
+        class count of the model config that is not an int is named first
+        (:func:`~.class_check.check_count_types`)."""
+        if isinstance(model, dict) and isinstance(self.cfg.get('model'), dict):
+            check_count_types(self.cfg)
         model = super().build_model(model)
         check_model_channels(model)
         return model
