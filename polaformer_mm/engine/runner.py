@@ -22,6 +22,9 @@
   (:class:`~.divergence.DivergenceGuardHook`; config ``divergence_guard = False`` turns it
   off); a checkpoint of weights that are not finite is never written, and loading one
   warns.
+* A run that raises calls ``after_failed_run`` of the hooks that have one (mmengine calls
+  no hook then), which put back what they set for the run: the default attention backend
+  of :class:`~.hooks.PolaAttentionBackendHook`, the divergence guard's layer hooks.
 * One live run per work dir: the runner takes ``<work_dir>/run.lock`` before anything
   is written there (rank 0 of a distributed run) and gives it back when ``train()``,
   ``val()`` or ``test()`` ends; a second run on the same work dir stops at once with
@@ -144,10 +147,26 @@ class PolaRunner(Runner):
         self._in_locked_run = True
         try:
             return run()
+        except BaseException:
+            if outermost:
+                self._after_failed_run()
+            raise
         finally:
             if outermost:
                 self._in_locked_run = False
                 self._unlock_work_dir()
+
+    def _after_failed_run(self) -> None:
+        """mmengine calls no hook when a run raises: the hooks that set state for the run
+        (``after_failed_run``: the attention backend, the divergence guard's layer hooks)
+        put it back here."""
+        for hook in self._hooks:
+            undo = getattr(hook, 'after_failed_run', None)
+            if callable(undo):
+                try:
+                    undo(self)
+                except Exception as err:  # the run's own error is the one to raise
+                    self.logger.warning(f'{type(hook).__name__}.after_failed_run: {err}')
 
     def train(self):
         """mmengine's ``train()``, holding the work dir's lock (released at the end); an
