@@ -304,10 +304,10 @@ class PolaAttentionBackendHook(Hook):
         this type)."""
         hooks = [h for h in getattr(runner, 'hooks', ()) if isinstance(h, PolaAttentionBackendHook)]
         if len(hooks) > 1:
-            raise ValueError(
-                f'custom_hooks holds {len(hooks)} PolaAttentionBackendHook ('
-                + ', '.join(f'backend={h.backend!r}' for h in hooks) + '): the run would take '
-                'the last one\'s backend and drop the others\'; keep one')
+            backends = ', '.join(f'backend={h.backend!r}' for h in hooks)
+            raise ValueError(f'custom_hooks holds {len(hooks)} PolaAttentionBackendHook '
+                             f"({backends}): the run would take the last one's backend and "
+                             "drop the others'; keep one")
         previous = set_default_backend(self.backend)
         if self._depth == 0:
             self._previous = previous

@@ -390,8 +390,7 @@ class PolaRunner(Runner):
         """A resumed run continues the optimizer state and schedule of the checkpoint's
         parameters: a model they do not fit cannot resume (``--allow-partial`` or not);
         the error says how to start a new run from the weights that fit."""
-        message = describe_mismatch(model, checkpoint_state_dict(checkpoint, revise_keys),
-                                    source)
+        message = describe_mismatch(model, checkpoint_state_dict(checkpoint, revise_keys), source)
         if message:
             raise CheckpointMismatchError(
                 f'{message}\nA run resumes only the model it was saved from (its optimizer '

@@ -173,8 +173,8 @@ def register_family(family: BackboneFamily) -> BackboneFamily:
         raise ValueError(
             f'register_family: the family name {family.name!r} is taken by '
             f'{_qualified(taken.backbone)} ({taken.title}); {cls.__name__}.family is '
-            f'{family.name!r}' + (' (inherited from its parent class)' if inherited else '') +
-            f'. Give {cls.__name__} a family name of its own (class attribute family = '
+            f'{family.name!r}' + (' (inherited from its parent class)' if inherited else '')
+            + f'. Give {cls.__name__} a family name of its own (class attribute family = '
             "'<name>') and register BackboneFamily(name='<name>', ...) under it")
     config_name = family.config_name or family.name
     for other in _FAMILIES.values():

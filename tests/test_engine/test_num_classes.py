@@ -273,8 +273,12 @@ def _loss_on(cfg, num_labels):
 
 
 @pytest.mark.parametrize('count, data_classes, advice', [
-    (3, 4, {'model.decode_head.num_classes': 4}),
-    (5, 5, {'model.decode_head.loss_decode.class_weight': [0.2, 1., 1., 1., 1.]}),
+    (3, 4, {
+        'model.decode_head.num_classes': 4
+    }),
+    (5, 5, {
+        'model.decode_head.loss_decode.class_weight': [0.2, 1., 1., 1., 1.]
+    }),
 ])
 def test_a_segmentation_count_changed_alone_gets_one_weight_per_class(count, data_classes, advice):
     """A decode head's loss has one class weight per class (no "no object" entry): with
@@ -454,7 +458,9 @@ def test_train_py_seg_data_without_classes_advice_followed_trains(synthetic_data
         small.pop(key, None)
     config = str(tmp_path / 'seg.py')
     small.dump(config)
-    wrong = ['model.decode_head.num_classes=3', 'model.decode_head.loss_decode.class_weight=[1,1,1]']
+    wrong = [
+        'model.decode_head.num_classes=3', 'model.decode_head.loss_decode.class_weight=[1,1,1]'
+    ]
     message = _named_error(_train(config, wrong, tmp_path / 'wrong'))
     assert 'hold labels up to 3' in message, message
     assert not glob.glob(osp.join(str(tmp_path), 'wrong', 'wd', 'iter_*.pth'))

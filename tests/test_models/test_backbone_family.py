@@ -336,13 +336,16 @@ def test_a_taken_family_name_is_refused_and_the_advice_registers():
 
 @pytest.mark.parametrize('field, value, match', [
     ('config_name', 'pvt', r"config_name 'pvt' is that of the family 'pvt'"),
-    ('reproduce', {'semantic-fpn': {'pvt-t': 'x.py'}},
-     r"--arch pvt-t of task 'semantic-fpn' \(family 'pvt'\) already taken"),
+    ('reproduce', {
+        'semantic-fpn': {
+            'pvt-t': 'x.py'
+        }
+    }, r"--arch pvt-t of task 'semantic-fpn' \(family 'pvt'\) already taken"),
 ])
 def test_names_another_family_has_are_refused(field, value, match):
-    family = BackboneFamily(
-        **dict(dict(name=_OwnName.family, title='Own', backbone=_OwnName, config_name='own'),
-               **{field: value}))
+    family = BackboneFamily(**dict(
+        dict(name=_OwnName.family, title='Own', backbone=_OwnName, config_name='own'), **
+        {field: value}))
     with pytest.raises(ValueError, match=match):
         register_family(family)
     assert _OwnName.family not in {f.name for f in families()}
@@ -356,8 +359,7 @@ def test_benchmark_names_two_families_give_are_named(toy_family):
             dataclasses.replace(
                 TOY, benchmark=lambda: dict(_toy_benchmark(), **{'pola-pvt-t': dict()})))
         with pytest.raises(
-                BenchmarkError,
-                match=r"'pola-pvt-t' is named by the families 'pvt' and 'toy'"):
+                BenchmarkError, match=r"'pola-pvt-t' is named by the families 'pvt' and 'toy'"):
             named_backbones()
     finally:
         unregister_family('toy')
@@ -369,8 +371,8 @@ def test_benchmark_names_two_families_give_are_named(toy_family):
     (dict(backbone='PolaPVT'), TypeError,
      r"backbone='PolaPVT'\): backbone takes the Pola backbone class itself, not its name"),
     (dict(backbone=PolaToy, name=''), TypeError, r"name takes a non-empty str"),
-    (dict(backbone=PolaToy, attention_names='layers.(?P<stage>'), ValueError,
-     r'not a regular expression'),
+    (dict(backbone=PolaToy,
+          attention_names='layers.(?P<stage>'), ValueError, r'not a regular expression'),
     (dict(backbone=PolaToy, attention_names=r'layers\.(?P<stage>\d+)'), ValueError,
      r'needs a group \(\?P<block>\.\.\.\)'),
 ])

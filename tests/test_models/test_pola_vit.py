@@ -581,8 +581,10 @@ def test_a_file_without_a_grid_is_square_and_a_bad_grid_is_named():
     with torch.no_grad():
         assert _max_error(model.eval()(x), src.eval()(x)) < 1e-4
     state = dict(src.state_dict(), **{GRID_KEY: torch.tensor([16, 5])})
-    with pytest.raises(ValueError, match=r'pos_grid=\[16, 5\] of the file does not fit its '
-                       r'pos_embed \(1, 65, 32\) \(64 tokens on the grid, 80 expected\)'):
+    with pytest.raises(
+            ValueError,
+            match=r'pos_grid=\[16, 5\] of the file does not fit its '
+            r'pos_embed \(1, 65, 32\) \(64 tokens on the grid, 80 expected\)'):
         model.load_state_dict(state)
 
 

@@ -109,7 +109,9 @@ def test_a_failed_run_restores_the_default_and_removes_the_guard_hooks(
 
 
 def test_two_hooks_are_an_error_before_either_sets_anything():
-    hooks = [HOOKS.build(dict(type='PolaAttentionBackendHook', backend=b)) for b in ('torch', 'triton')]
+    hooks = [
+        HOOKS.build(dict(type='PolaAttentionBackendHook', backend=b)) for b in ('torch', 'triton')
+    ]
     runner = SimpleNamespace(hooks=hooks)
     previous = pola_attention.set_default_backend('auto')
     try:

@@ -45,8 +45,8 @@ def test_a_device_torch_does_not_know_is_named(tool, capsys):
 
 
 def test_a_cpu_run_measures_every_implementation(tool, capsys):
-    tool.main(['--device', 'cpu', '--backend', 'torch', '--shapes', '0', '--repeat', '1',
-               '--no-memory'])
+    tool.main(
+        ['--device', 'cpu', '--backend', 'torch', '--shapes', '0', '--repeat', '1', '--no-memory'])
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith('PVT-T stage1 224')]
     assert [r.split()[8] for r in rows[:3]] == ['op', 'naive', 'explicit'], out

@@ -189,8 +189,7 @@ def _kernel_check_tool():
         'cannot write in /proc',
         marks=pytest.mark.skipif(not osp.isdir('/proc'), reason='no /proc (not Linux)')),
 ])
-def test_a_json_path_that_takes_no_file_is_refused_before_any_row(tmp_path, capsys, where,
-                                                                   message):
+def test_a_json_path_that_takes_no_file_is_refused_before_any_row(tmp_path, capsys, where, message):
     """A folder, a path under a file, and a folder that takes no file (``/proc``: root
     passes an access check there): a usage error (exit 2) naming --json and the path before
     any row runs; nothing is left behind (no ``.tmp``). A missing folder is made (the docs'

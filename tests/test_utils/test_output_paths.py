@@ -5,7 +5,7 @@ import os
 import pytest
 
 from polaformer_mm.utils.output_paths import (OutputPathError, check_distinct_outputs,
-                                               check_output_dir, check_output_file)
+                                              check_output_dir, check_output_file)
 
 
 def test_folder_is_made_and_left_empty(tmp_path):
@@ -38,9 +38,10 @@ def test_read_only_folder_is_refused(tmp_path):
 
 def test_two_options_naming_one_path_are_refused(tmp_path):
     same = str(tmp_path / 'r.json')
-    with pytest.raises(OutputPathError,
-                       match=rf'--json and --out-md both name {same}: one output would '
-                       'overwrite the other'):
+    with pytest.raises(
+            OutputPathError,
+            match=rf'--json and --out-md both name {same}: one output would '
+            'overwrite the other'):
         check_distinct_outputs({'--json': same, '--out-md': str(tmp_path / '.' / 'r.json')})
     check_distinct_outputs({'--json': same, '--out-md': str(tmp_path / 'r.md'), '--x': None})
 

@@ -652,10 +652,9 @@ class PolaViT(PolaBackboneBase):
             if file_grid is not None:
                 grid = file_grid
                 if grid[0] * grid[1] != tokens:
-                    raise ValueError(
-                        f'{GRID_KEY}={list(grid)} of the file does not fit its {key} '
-                        f'{tuple(value.shape)} ({tokens} tokens on the grid, '
-                        f'{grid[0] * grid[1]} expected)')
+                    raise ValueError(f'{GRID_KEY}={list(grid)} of the file does not fit its {key} '
+                                     f'{tuple(value.shape)} ({tokens} tokens on the grid, '
+                                     f'{grid[0] * grid[1]} expected)')
             else:
                 side = math.isqrt(max(tokens, 0))
                 if side < 1 or side * side != tokens:
@@ -680,8 +679,8 @@ class PolaViT(PolaBackboneBase):
                 (f'; the file holds more positions than the model keeps: '
                  f'build it with pretrain_img_size={_size_arg(gh * patch, gw * patch)} to load '
                  'them as they are' if larger else '') +
-                ('; the file names no grid: its tables were read as square' if file_grid is None
-                 and H != W else ''))
+                ('; the file names no grid: its tables were read as square'
+                 if file_grid is None and H != W else ''))
         return state_dict
 
 
