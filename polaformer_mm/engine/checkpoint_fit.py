@@ -70,7 +70,7 @@ def find_mismatch(model: nn.Module,
                   state_dict: Dict) -> Tuple[List[str], List[str], List[Tuple[str, tuple, tuple]]]:
     """(missing, unexpected, shape mismatches) of ``state_dict`` against ``model``.
     BatchNorm's ``num_batches_tracked`` may be missing (as mmengine allows), and the keys a
-    module lists in its ``optional_state_keys`` (records such as PolaViT's patch grid, which
+    module lists in its ``optional_state_keys`` (records such as a backbone's patch grid, which
     its loading reads) may be missing or extra."""
     inner = unwrap(model)
     own = inner.state_dict()

@@ -693,7 +693,7 @@ def _write_grid(module: 'PolaViT', state_dict, prefix: str, local_metadata) -> N
 
 def _read_grid(value) -> Tuple[int, int]:
     """The (H, W) of a :data:`GRID_KEY` entry; a ValueError naming what it holds otherwise."""
-    grid = value.tolist() if isinstance(value, Tensor) else value
+    grid = value.tolist() if hasattr(value, 'tolist') else value
     if (not isinstance(grid, (list, tuple)) or len(grid) != 2
             or not all(is_int(g) and g >= 1 for g in grid)):
         raise ValueError(f'the file\'s {GRID_KEY} is {grid!r}: expected the patch grid '
