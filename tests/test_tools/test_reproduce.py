@@ -244,8 +244,8 @@ def test_gain_table_outputs_are_checked_before_any_measurement(tmp_path, capsys)
     tool = load_tool('analysis_tools/gain_table.py', '_gain_table_cli')
     prefix = str(tmp_path / 'made' / 'gains')
     for argv, message in [
-        ([str(tmp_path), '--out', prefix, '--flops-cache', prefix + '.csv'],
-         f'--out (.csv) and --flops-cache both name {prefix}.csv'),
+        ([str(tmp_path), '--out', prefix, '--flops-cache',
+          prefix + '.csv'], f'--out (.csv) and --flops-cache both name {prefix}.csv'),
         ([str(tmp_path), '--flops-cache', str(tmp_path)], 'is a folder, not a file'),
     ]:
         with pytest.raises(SystemExit) as info:
