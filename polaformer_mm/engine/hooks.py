@@ -141,6 +141,14 @@ class ResumableStateHook(Hook):
         if self._before_val:
             _set_rng_state(self._before_val.pop())
 
+    def after_failed_run(self, runner) -> None:
+        """A validation that raised (:class:`~.runner.PolaRunner` calls this): put back the
+        random states from before it, as ``after_val`` would have, so that no later
+        checkpoint of this runner records the failed validation's."""
+        if self._before_val:
+            _set_rng_state(self._before_val[0])
+            self._before_val.clear()
+
 
 class _RestoreAfterSkip:
     """Stands in for an iteration-based loop's data iterator while it re-reads the

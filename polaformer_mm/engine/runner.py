@@ -24,7 +24,8 @@
   warns.
 * A run that raises calls ``after_failed_run`` of the hooks that have one (mmengine calls
   no hook then), which put back what they set for the run: the default attention backend
-  of :class:`~.hooks.PolaAttentionBackendHook`, the divergence guard's layer hooks.
+  of :class:`~.hooks.PolaAttentionBackendHook`, the divergence guard's layer hooks, the
+  random states from before a validation that raised.
 * One live run per work dir: the runner takes ``<work_dir>/run.lock`` before anything
   is written there (rank 0 of a distributed run) and gives it back when ``train()``,
   ``val()`` or ``test()`` ends; a second run on the same work dir stops at once with
@@ -158,8 +159,8 @@ class PolaRunner(Runner):
 
     def _after_failed_run(self) -> None:
         """mmengine calls no hook when a run raises: the hooks that set state for the run
-        (``after_failed_run``: the attention backend, the divergence guard's layer hooks)
-        put it back here."""
+        (``after_failed_run``: the attention backend, the divergence guard's layer hooks,
+        the random states saved when a validation started) put it back here."""
         for hook in self._hooks:
             undo = getattr(hook, 'after_failed_run', None)
             if callable(undo):
