@@ -12,16 +12,18 @@ widths 32 / 64 / 128, at odd token counts and on the shared-shift edge cases, ea
 the kernels' ``TOLERANCES``; then times forward and forward + backward of the Triton path,
 the torch path and PyTorch's scaled_dot_product_attention at 3136, 12544 and 50176 tokens.
 It prints one table as it goes (under 3 minutes on an H100) and writes ``--json PATH``
-after every row. Exit status: 0 when every check passed, 1 when one failed, 2 without a
-CUDA GPU (and without ``TRITON_INTERPRET=1``), with an interpreter that cannot run the
-kernels (Triton 2.x has none; 3.0 / 3.1's needs numpy<2) or without the op's few
-requirements. The
+after every row (its place checked before the first row). Exit status: 0 when every check
+passed, 1 when one failed, 2 for a bad command line, without a CUDA GPU (and without
+``TRITON_INTERPRET=1``), with an interpreter that cannot run the kernels (Triton 2.x has none;
+3.0 / 3.1's needs numpy<2), or when the op does not import (it lacks its few requirements, or
+``POLA_ATTENTION_BACKEND`` holds a value it does not take). The
 check is ``polaformer_mm.ops.pola_attention.selfcheck``'s; this script reads the command
 line.
 """
 import argparse
 import importlib.machinery
 import importlib.util
+import math
 import os
 import os.path as osp
 import sys
@@ -74,9 +76,25 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.warmup < 1 or args.repeats < 1:
         p.error(f'--warmup and --repeats must be >= 1, got {args.warmup} and {args.repeats}')
-    if args.budget_s <= 0:
-        p.error(f'--budget-s must be > 0, got {args.budget_s}')
+    if not (math.isfinite(args.budget_s) and args.budget_s > 0):
+        p.error(f'--budget-s must be a number of seconds > 0, got {args.budget_s}')
+    if args.json:
+        paths = _output_paths()
+        try:  # before any row: a file is created and removed where --json names one
+            paths.check_output_file('--json', args.json, makes_folder=True)
+        except paths.OutputPathError as error:
+            p.error(str(error))
     return args
+
+
+def _output_paths():
+    """``polaformer_mm/utils/output_paths.py`` (standard library only), read from its file
+    so that the check of ``--json`` imports nothing of the package."""
+    path = osp.join(REPO, 'polaformer_mm', 'utils', 'output_paths.py')
+    spec = importlib.util.spec_from_file_location('_kernel_check_output_paths', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def main(argv=None) -> int:
@@ -91,6 +109,9 @@ def main(argv=None) -> int:
             f'kernel_check: the attention op does not import ({e}); it needs torch, '
             'numpy and, for the kernels, Triton >= 2.1',
             file=sys.stderr)
+        return 2
+    except ValueError as e:  # a setting read at import, e.g. POLA_ATTENTION_BACKEND
+        print(f'kernel_check: the attention op does not import: {e}', file=sys.stderr)
         return 2
     import torch
     problem = selfcheck.interpreter_problem() if selfcheck.interpreting() else None

@@ -401,7 +401,18 @@ def collect_pola_sites(backbone: nn.Module, inputs: torch.Tensor) -> List[PolaSi
     found = []
     for name, module in backbone.named_modules():
         if isinstance(module, PolaLinearAttention):
-            site = None if family is None else family.attention_site(name)
+            if family is None or family.attention_names is None:
+                what = ('belongs to no registered family' if family is None else
+                        f'belongs to the family {family.name!r}, which declares no '
+                        'attention_names')
+                raise ValueError(
+                    f'{name}: the {type(backbone).__name__} backbone {what}; the attention '
+                    'analysis finds Pola attention modules by BackboneFamily.attention_names, '
+                    'a regex of their module names with the groups block and, for several '
+                    "stages, stage (PolaPVT's: "
+                    r"'(?:^|\.)layers\.(?P<stage>\d+)\.blocks\.(?P<block>\d+)\.attn$'"
+                    '); docs/notes/developer_guide.md, "Adding a backbone family"')
+            site = family.attention_site(name)
             if site is None:
                 raise ValueError(
                     f'{name}: a Pola attention module outside the attention names of the '

@@ -58,10 +58,15 @@ def named_backbones() -> Dict[str, dict]:
     """name -> dict(scope, cfg, config): the registry scope to build in, the backbone
     config, and the repo config (relative path) whose backbone it is; each registered
     family's (``BackboneFamily.benchmark``: ``pola-X`` beside its softmax baseline
-    ``X``)."""
-    named = {}
+    ``X``); a :class:`BenchmarkError` when two families give one name."""
+    named, owner = {}, {}
     for family in families():
-        named.update(family.benchmark())
+        for name, entry in family.benchmark().items():
+            if name in named:
+                raise BenchmarkError(f'the benchmark backbone {name!r} is named by the '
+                                     f'families {owner[name]!r} and {family.name!r}: give '
+                                     f'one of them another name (BackboneFamily.benchmark)')
+            named[name], owner[name] = entry, family.name
     return named
 
 

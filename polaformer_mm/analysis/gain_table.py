@@ -23,6 +23,8 @@ from polaformer_mm.analysis.flops import (backbone_key, default_shape, describe_
                                           register_extra_flop_ops, scope_registry)
 from polaformer_mm.engine.entry import TEST_METRICS_FILE
 from polaformer_mm.models.family import families
+from polaformer_mm.utils.checkpoint_io import atomic_write
+from polaformer_mm.utils.output_paths import check_distinct_outputs, check_output_file
 
 #: the file of a test's results that tools/test.py writes into its --work-dir
 METRICS_FILE = TEST_METRICS_FILE
@@ -253,8 +255,11 @@ class FlopsCounter:
     def _save(self):
         if self.cache_file:
             os.makedirs(osp.dirname(osp.abspath(self.cache_file)), exist_ok=True)
-            with open(self.cache_file, 'w') as f:
-                json.dump(self.cache, f, indent=1)
+            atomic_write(self.cache_file, self._write)  # whole or untouched, when killed
+
+    def _write(self, path: str) -> None:
+        with open(path, 'w') as f:
+            json.dump(self.cache, f, indent=1)
 
 
 def _count_params(cfg: Config) -> int:
@@ -426,6 +431,20 @@ def plot_deltas(rows: List[dict], path: str) -> List[tuple]:
     return drawn
 
 
+def check_outputs(out: Optional[str], flops_cache: Optional[str]) -> None:
+    """Before any measurement: the files of ``out`` (``out.md``, ``out.csv``, ``out.png``;
+    the folder is made) and the ``flops_cache`` file can be written where they are named
+    (a file is created and removed there) and are not one file; an
+    :class:`~polaformer_mm.utils.output_paths.OutputPathError` naming the option and path
+    otherwise."""
+    outputs = {f'--out ({ext})': out + ext for ext in ('.md', '.csv', '.png')} if out else {}
+    outputs['--flops-cache'] = flops_cache
+    check_distinct_outputs(outputs)
+    for option, path in outputs.items():
+        if path:
+            check_output_file(option, path, makes_folder=True)
+
+
 def make_gain_table(work_dirs: Sequence[str],
                     out: Optional[str] = None,
                     flops: bool = True,
@@ -433,7 +452,9 @@ def make_gain_table(work_dirs: Sequence[str],
     """The table of the runs under ``work_dirs`` (run work dirs, or folders of them),
     printed as Markdown; with ``out``, written to ``out.md``, ``out.csv`` and (when there is
     a Pola / softmax pair) the chart ``out.png``. ``flops=False`` counts the params only;
-    ``flops_cache`` remembers measured backbones between calls. Returns the rows."""
+    ``flops_cache`` remembers measured backbones between calls (both checked first:
+    :func:`check_outputs`). Returns the rows."""
+    check_outputs(out, flops_cache)
     runs = collect_runs(list(work_dirs))
     rows = build_rows(runs, FlopsCounter(flops, flops_cache))
     text = format_markdown(rows)

@@ -20,6 +20,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from .end2end import End2EndExport, preprocess_image
+from .export import evaluating
 
 __all__ = [
     'BoxAgreement', 'Difference', 'MapAgreement', 'compare_end2end', 'compare_onnxruntime',
@@ -51,8 +52,9 @@ def compare_onnxruntime(module: nn.Module,
                         shapes: Sequence[Sequence[int]],
                         in_channels: int = 3,
                         seed: int = 0) -> List[Difference]:
-    """Run the file in onnxruntime (CPU) and ``module`` in PyTorch on the same random
-    (1, in_channels, H, W) input for every (H, W) of ``shapes``; one
+    """Run the file in onnxruntime (CPU) and ``module`` in PyTorch, in eval mode as the
+    graph was recorded (:func:`~polaformer_mm.deployment.export.evaluating`), on the same
+    random (1, in_channels, H, W) input for every (H, W) of ``shapes``; one
     :class:`Difference` per output and size."""
     session = _session(path)
     names = [o.name for o in session.get_outputs()]
@@ -60,7 +62,7 @@ def compare_onnxruntime(module: nn.Module,
     rows = []
     for H, W in shapes:
         images = torch.randn(1, in_channels, int(H), int(W), generator=generator)
-        with torch.no_grad():
+        with torch.no_grad(), evaluating(module):
             expected = module(images)
         got = session.run(None, {session.get_inputs()[0].name: images.numpy()})
         if len(got) != len(expected):

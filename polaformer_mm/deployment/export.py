@@ -13,10 +13,11 @@ torch's TorchScript exporter alone (no mmdeploy).
 :func:`build_model` builds and loads the model for every export, the end-to-end one
 (:mod:`polaformer_mm.deployment.end2end`) too.
 """
+import contextlib
 import copy
 import os.path as osp
 import warnings
-from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -205,6 +206,22 @@ def build_exportable(config: str,
     return ExportableModel(model, part).eval(), preprocessor
 
 
+@contextlib.contextmanager
+def evaluating(module: nn.Module) -> Iterator[nn.Module]:
+    """``module`` and every module in it in eval mode inside the block, each given back its
+    own training flag after it. (``torch.onnx.export`` of a module in training mode gives it
+    back with ``module.train(True)``, which sets every submodule to training: a backbone in
+    eval mode inside a wrapper built in training mode came out of an export with its
+    stochastic depth and dropout on, and PyTorch then differed from the graph.)"""
+    flags = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield module
+    finally:
+        for m, training in flags:
+            m.training = training
+
+
 def export_onnx(module: nn.Module,
                 path: str,
                 shape: Sequence[int],
@@ -221,7 +238,8 @@ def export_onnx(module: nn.Module,
     :func:`~polaformer_mm.deployment.blocked_mlp.block_mlps`).
 
     Args:
-        module (nn.Module): e.g. an :class:`ExportableModel`, in eval mode.
+        module (nn.Module): e.g. an :class:`ExportableModel`; recorded in eval mode
+            (:func:`evaluating`: every module gets its own training flag back).
         path (str): the .onnx file to write.
         shape (Sequence[int]): (H, W) of the trace input.
         dynamic (bool): batch, height and width of the input (and every output axis
@@ -239,7 +257,7 @@ def export_onnx(module: nn.Module,
     if min(H, W) < 1:
         raise ValueError(f'--shape must be two positive sizes, got {tuple(shape)}')
     images = torch.randn(1, in_channels, H, W)
-    with torch.no_grad():
+    with torch.no_grad(), evaluating(module):
         outputs = module(images)
     names = [f'output{i}' for i in range(len(outputs))]
     axes = None
@@ -250,7 +268,8 @@ def export_onnx(module: nn.Module,
     folder = osp.dirname(osp.abspath(path))
     if not osp.isdir(folder):
         raise FileNotFoundError(f'output folder does not exist: {folder}')
-    with torch.no_grad(), warnings.catch_warnings(), exportable(), graph_forms(module):
+    with torch.no_grad(), warnings.catch_warnings(), exportable(), graph_forms(module), \
+            evaluating(module):
         # the op's argument checks compare traced sizes (TracerWarnings): they check the
         # call at trace time and record nothing; every size the graph uses is recorded
         warnings.filterwarnings(

@@ -69,10 +69,21 @@ def checkpoint_state_dict(checkpoint, revise_keys=((r'^module\.', ''), )) -> Dic
 def find_mismatch(model: nn.Module,
                   state_dict: Dict) -> Tuple[List[str], List[str], List[Tuple[str, tuple, tuple]]]:
     """(missing, unexpected, shape mismatches) of ``state_dict`` against ``model``.
-    BatchNorm's ``num_batches_tracked`` may be missing (as mmengine allows)."""
-    own = unwrap(model).state_dict()
-    missing = [k for k in own if k not in state_dict and 'num_batches_tracked' not in k]
-    unexpected = [k for k in state_dict if k not in own]
+    BatchNorm's ``num_batches_tracked`` may be missing (as mmengine allows), and the keys a
+    module lists in its ``optional_state_keys`` (records such as a backbone's patch grid, which
+    its loading reads) may be missing or extra."""
+    inner = unwrap(model)
+    own = inner.state_dict()
+    optional = {
+        f'{name}.{key}' if name else key
+        for name, module in inner.named_modules()
+        for key in getattr(module, 'optional_state_keys', ())
+    }
+    missing = [
+        k for k in own
+        if k not in state_dict and 'num_batches_tracked' not in k and k not in optional
+    ]
+    unexpected = [k for k in state_dict if k not in own and k not in optional]
     shapes = [(k, tuple(getattr(v, 'shape', ())), tuple(own[k].shape))
               for k, v in state_dict.items()
               if k in own and tuple(getattr(v, 'shape', ())) != tuple(own[k].shape)]

@@ -27,9 +27,13 @@ with more classes than the data, only after a whole epoch in the metric.
 
 A mismatch is a :class:`ClassMismatchError` naming every wrong key, the data's classes and
 where they come from, and the ``key=value`` settings that fit the data (``settings``):
-given to ``--cfg-options`` (or written into the config), they pass the check. Datasets
+given to ``--cfg-options`` (or written into the config), they pass the check. An mmseg
+dataset that names no classes (no ``metainfo.classes``, none in its type's ``METAINFO``)
+is checked against its maps: the largest label of a sample of them (64, spread over the
+dataset; ``ignore_index`` left out) must be below every ``num_classes``. Other datasets
 whose classes are only known once they are read (e.g. mmpretrain's ``CustomDataset`` over
-class folders) are not checked.
+class folders) are not checked. A class count that is not an int (``num_classes='four'``)
+is named by :func:`check_count_types`, which the runner calls before it builds the model.
 """
 import importlib
 import inspect
@@ -199,7 +203,30 @@ def _defaults(cls) -> Dict[str, int]:
     return {}
 
 
-def _walk(node, key: str, scope: Optional[str], head: Optional[List[ClassSetting]],
+class _Head(NamedTuple):
+    """The class counts of the nearest dict above a loss, and how many entries its
+    ``class_weight`` has beyond one per class (None: not known from its type)."""
+    counts: List[ClassSetting]
+    extra: Optional[int]
+
+
+# heads whose classification has one more output than classes ("no object" for
+# MaskFormer / Mask2Former, background for mmdet's RoI box heads): their loss's
+# class_weight has num_classes + 1 entries
+_EXTRA_CLASS_HEADS = ('MaskFormerHead', 'Mask2FormerHead', 'BBoxHead')
+
+
+def _extra_weights(cls) -> Optional[int]:
+    """The class weights a head type takes beyond one per class: 1 for the heads of
+    :data:`_EXTRA_CLASS_HEADS` and their subclasses, 0 for any other known type, None when
+    the type is unknown."""
+    if not isinstance(cls, type):
+        return None
+    names = {klass.__name__ for klass in cls.__mro__}
+    return 1 if names & set(_EXTRA_CLASS_HEADS) else 0
+
+
+def _walk(node, key: str, scope: Optional[str], head: Optional[_Head],
           out: List[ClassSetting]) -> None:
     if isinstance(node, (list, tuple)):
         for i, item in enumerate(node):
@@ -223,7 +250,7 @@ def _walk(node, key: str, scope: Optional[str], head: Optional[List[ClassSetting
                 counts.append(ClassSetting(f'{key}.{name}', value, _ROLE[name], owner, False))
     if counts:
         out.extend(counts)
-        head = counts
+        head = _Head(counts, _extra_weights(_lookup(kind, scope, 'MODELS')))
     weights = node.get('class_weight')
     if head is not None and isinstance(weights, (list, tuple)) and weights:
         out.append(_weights_setting(f'{key}.class_weight', list(weights), head))
@@ -236,14 +263,17 @@ def _walk(node, key: str, scope: Optional[str], head: Optional[List[ClassSetting
 _ROLE = {'num_classes': 'classes', 'num_things_classes': 'things', 'num_stuff_classes': 'stuff'}
 
 
-def _weights_setting(key: str, weights: list, head: List[ClassSetting]) -> ClassSetting:
-    owner = head[0].owner
-    configured = sum(s.value for s in head if s.role in ('things', 'stuff'))
-    configured = configured or next((s.value for s in head if s.role == 'classes'), 0)
-    extra = len(weights) - configured
-    if extra not in (0, 1):  # the count was changed alone: what the head type needs
-        extra = 1 if 'MaskFormer' in owner or 'Mask2Former' in owner else 0
-    return ClassSetting(key, weights, 'weights', owner, True, extra)
+def _weights_setting(key: str, weights: list, head: _Head) -> ClassSetting:
+    counts = head.counts
+    owner = counts[0].owner
+    extra = head.extra
+    if extra is None:  # a type not known: from the lengths, as the config has them
+        configured = sum(s.value for s in counts if s.role in ('things', 'stuff'))
+        configured = configured or next((s.value for s in counts if s.role == 'classes'), 0)
+        extra = len(weights) - configured
+        if extra not in (0, 1):  # the count was changed alone: what the type's name says
+            extra = 1 if any(name in owner for name in _EXTRA_CLASS_HEADS) else 0
+    return ClassSetting(key, weights, 'weights', owner, True, min(extra, len(weights)))
 
 
 def class_settings(cfg) -> List[ClassSetting]:
@@ -351,16 +381,113 @@ def _module_heads(model: nn.Module) -> List[Tuple[str, int]]:
     return found
 
 
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _bad_counts(node, key: str, out: List[Tuple[str, object]]) -> None:
+    if isinstance(node, (list, tuple)):
+        for i, item in enumerate(node):
+            _bad_counts(item, f'{key}.{i}', out)
+        return
+    if not isinstance(node, dict):
+        return
+    for name, value in node.items():
+        if name in _COUNTS and value is not None and not _is_count(value):
+            out.append((f'{key}.{name}', value))
+        elif name != 'backbone':
+            _bad_counts(value, f'{key}.{name}', out)
+
+
+def check_count_types(cfg, splits: Sequence[str] = ('train', 'val', 'test')) -> None:
+    """A :class:`ClassMismatchError` (a :class:`~.model_check.ModelConfigError` where no
+    dataset of ``splits`` tells its classes) naming every class count of ``cfg.model``
+    (and ``data_preprocessor.num_classes``) that is not an int, e.g. ``num_classes='four'``
+    from ``--cfg-options``; run before the model is built, whose constructors fail on such
+    values with messages that name neither the key nor the value."""
+    bad: List[Tuple[str, object]] = []
+    _bad_counts(cfg.get('model'), 'model', bad)
+    preprocessor = cfg.get('data_preprocessor')
+    if isinstance(preprocessor, dict) and not _is_count(preprocessor.get('num_classes', 0)):
+        bad.append(('data_preprocessor.num_classes', preprocessor['num_classes']))
+    if not bad:
+        return
+    listed = ', '.join(f'{k}={v!r}' for k, v in bad)
+    found = [d for split in splits for d in dataset_classes(cfg, split)]
+    what = f'{listed}: a class count is a whole number'
+    if not found:
+        raise ModelConfigError(f'{what} (e.g. {bad[0][0]}=4)')
+    data = found[0]
+    fixes = {}
+    for k, _ in bad:
+        role = _ROLE.get(k.rsplit('.', 1)[-1], 'classes')
+        fixes[k] = _expected(ClassSetting(k, 0, role, ''), data)
+    advice = ' '.join(f'{k}={_cli(v)}' for k, v in fixes.items())
+    raise ClassMismatchError(
+        f'{what}; the data of {data.key} has {_data_text(data)}: to train on this data, set '
+        f'{advice} (--cfg-options takes these as written)', fixes)
+
+
+def _unnamed_seg_data(cfg, split: str):
+    """(config key, type name, dataset config, class) of every mmseg dataset of
+    ``{split}_dataloader`` whose classes neither the config nor its type names."""
+    loader = cfg.get(f'{split}_dataloader')
+    dataset = loader.get('dataset') if isinstance(loader, dict) else None
+    try:
+        from mmseg.datasets import BaseSegDataset
+    except ImportError:
+        return
+    for node, key, scope in _leaves(dataset, f'{split}_dataloader.dataset',
+                                    cfg.get('default_scope')):
+        cls = _lookup(node.get('type'), scope, 'DATASETS')
+        if (isinstance(cls, type) and issubclass(cls, BaseSegDataset)
+                and _data_classes(node, key, scope) is None):
+            yield key, _type_name(node.get('type')), node, cls
+
+
+def _label_mismatch(split: str, key: str, kind: str, largest: tuple,
+                    settings: Sequence[ClassSetting]) -> Optional[ClassMismatchError]:
+    """The error for class settings of a segmentor that cannot take the largest label
+    of its maps (a dataset that names no classes), None when they can."""
+    label, path, read = largest
+    needed = label + 1
+    data = DataClasses(key, (None, ) * needed, '', None, None, False)
+    wrong = []
+    for setting in settings:
+        if setting.role == 'classes' and setting.value < needed:
+            wrong.append((setting, needed))
+        elif setting.role == 'weights' and len(setting.value) - setting.extra < needed:
+            wrong.append((setting, _expected(setting, data)))
+    if not wrong:
+        return None
+    fixes = {s.key: v for s, v in wrong}
+    listed = '; '.join(_shown(s) for s, _ in wrong)
+    advice = ' '.join(f'{k}={_cli(v)}' for k, v in fixes.items())
+    return ClassMismatchError(
+        f'{listed}; but the maps of the {split} data ({key}: {kind}, which names no classes) '
+        f'hold labels up to {label} ({path}; {read} maps read): to train on this data, set '
+        f'{advice} (--cfg-options takes these as written); or name its classes, one per '
+        f'label, in {key}.metainfo.classes', fixes)
+
+
 def check_config_classes(cfg, splits: Sequence[str] = ('train', 'val')) -> None:
     """A :class:`ClassMismatchError` when a class setting of ``cfg.model`` does not fit the
     classes of a dataset of ``splits`` (see the module docstring); the config and the
     registries only: no dataset file is read and no model is built."""
+    check_count_types(cfg, splits)
     settings = class_settings(cfg)
     if not settings:
         return
     for split in splits:
         for data in dataset_classes(cfg, split):
             error = _mismatch(split, data, settings)
+            if error is not None:
+                raise error
+        for key, kind, node, cls in _unnamed_seg_data(cfg, split):
+            from .dataset_check import largest_seg_label
+            largest = largest_seg_label(node, cls)
+            error = None if largest is None else _label_mismatch(split, key, kind, largest,
+                                                                 settings)
             if error is not None:
                 raise error
 

@@ -641,6 +641,37 @@ def _read_seg_labels(layout: _SegLayout, name: str, label_map: Optional[dict]):
     return seg
 
 
+def largest_seg_label(ds_cfg: dict, cls, seg_sample: Optional[int] = 64) -> Optional[tuple]:
+    """For an mmseg dataset config: ``(label, map, maps read)``, the largest label (other
+    than ``ignore_index``) in a sample of its segmentation maps (``seg_sample`` spread over
+    the dataset; None: all), as mmseg trains on them, with a map that holds it; None when
+    no map is found or decodes (the dataset check names why), or the files are remote."""
+    import numpy as np
+    layout = _SegLayout(ds_cfg, cls)
+    if is_remote(ds_cfg) or layout.seg_dir is None:
+        return None
+    names = _seg_image_names(DatasetReport('unused'), layout)
+    if not names:
+        return None
+    seg_files = [n[:-len(layout.img_suffix)] + layout.seg_suffix for n in names]
+    if seg_sample is not None and len(seg_files) > seg_sample:
+        step = len(seg_files) / seg_sample
+        seg_files = [seg_files[int(i * step)] for i in range(seg_sample)]
+    largest, read = None, 0
+    label_map = layout.label_map()
+    for name in seg_files:
+        if not osp.isfile(osp.join(layout.seg_dir, name)):
+            continue
+        seg = _read_seg_labels(layout, name, label_map)
+        if seg is None:
+            continue
+        read += 1
+        valid = seg[seg != layout.ignore]
+        if valid.size and (largest is None or int(np.max(valid)) > largest[0]):
+            largest = (int(np.max(valid)), osp.join(layout.seg_dir, name))
+    return None if largest is None else (*largest, read)
+
+
 def _check_seg_maps(report: DatasetReport, layout: _SegLayout, present: Sequence[str], sampled: str,
                     training: bool) -> None:
     """Decode the maps ``present`` and report maps that do not decode, labels outside

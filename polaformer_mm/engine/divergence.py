@@ -140,6 +140,12 @@ class DivergenceGuardHook(Hook):
             handle.remove()
         self._handles = []
 
+    def after_failed_run(self, runner) -> None:
+        """Remove the layer-tracking hooks of a run that raised (a diverged one among
+        them), which ``after_train`` would have removed (:class:`~.runner.PolaRunner`
+        calls this)."""
+        self.after_train(runner)
+
     def before_train_iter(self, runner, batch_idx, data_batch=None) -> None:
         """No layer is running yet; the checkpoints written so far are complete."""
         self._layer = None

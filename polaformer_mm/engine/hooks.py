@@ -141,6 +141,14 @@ class ResumableStateHook(Hook):
         if self._before_val:
             _set_rng_state(self._before_val.pop())
 
+    def after_failed_run(self, runner) -> None:
+        """A validation that raised (:class:`~.runner.PolaRunner` calls this): put back the
+        random states from before it, as ``after_val`` would have, so that no later
+        checkpoint of this runner records the failed validation's."""
+        if self._before_val:
+            _set_rng_state(self._before_val[0])
+            self._before_val.clear()
+
 
 class _RestoreAfterSkip:
     """Stands in for an iteration-based loop's data iterator while it re-reads the
@@ -276,10 +284,15 @@ class PolaAttentionBackendHook(Hook):
     ``custom_hooks = [dict(type='PolaAttentionBackendHook', backend='torch')]``.
 
     Sets :func:`polaformer_mm.ops.set_default_backend` before the run (training, validation
-    or test, with any runner) and restores the previous default after it. 'auto' (the
-    default) takes the Triton kernels on CUDA where they apply, 'torch' the torch path
-    everywhere, 'triton' the kernels or an error naming why not. The environment variable
-    ``POLA_ATTENTION_BACKEND`` sets the same default for a whole process.
+    or test, with any runner) and restores the previous default after it; a run nested in
+    another (a hook that validates inside training) leaves the outer run's backend as it
+    is. :class:`~.runner.PolaRunner` (``tools/train.py``, ``tools/test.py``) also restores it
+    when the run fails; mmengine's ``Runner`` calls no hook then, so after a failed run of
+    that runner the default stays this hook's. 'auto' (the default) takes the Triton
+    kernels on CUDA where they apply, 'torch' the torch path everywhere, 'triton' the
+    kernels or an error naming why not. The environment variable ``POLA_ATTENTION_BACKEND``
+    sets the same default for a whole process. One runner takes one such hook: a second is
+    an error naming both backends when the run starts, before either sets anything.
 
     Args:
         backend (str): one of 'auto', 'torch', 'triton'.
@@ -292,13 +305,36 @@ class PolaAttentionBackendHook(Hook):
                              f'{", ".join(BACKENDS)}')
         self.backend = backend
         self._previous = None
+        self._depth = 0  # runs of this hook under way (validation inside training: 2)
 
     def before_run(self, runner) -> None:
-        """Set the default backend."""
-        self._previous = set_default_backend(self.backend)
+        """Set the default backend (after checking that it is the runner's only hook of
+        this type)."""
+        hooks = [h for h in getattr(runner, 'hooks', ()) if isinstance(h, PolaAttentionBackendHook)]
+        if len(hooks) > 1:
+            backends = ', '.join(f'backend={h.backend!r}' for h in hooks)
+            raise ValueError(f'custom_hooks holds {len(hooks)} PolaAttentionBackendHook '
+                             f"({backends}): the run would take the last one's backend and "
+                             "drop the others'; keep one")
+        previous = set_default_backend(self.backend)
+        if self._depth == 0:
+            self._previous = previous
+        self._depth += 1
 
     def after_run(self, runner) -> None:
-        """Restore the default that was set before the run."""
+        """Restore the default that was set before the (outermost) run."""
+        self._depth = max(self._depth - 1, 0)
+        if self._depth == 0:
+            self.restore()
+
+    def after_failed_run(self, runner) -> None:
+        """Restore the default that was set before the run (:class:`~.runner.PolaRunner`
+        calls this when a run raises)."""
+        self._depth = 0
+        self.restore()
+
+    def restore(self) -> None:
+        """Put back the default backend that was set before this hook's run, if any."""
         if self._previous is not None:
             set_default_backend(self._previous)
             self._previous = None

@@ -7,7 +7,11 @@
 * Loading is strict: a checkpoint that does not fit the model (``load_from``, test
   checkpoints, ``--resume``) is an error naming the keys and the likely cause
   (:mod:`.checkpoint_fit`), unless the config sets ``allow_partial_load=True``
-  (``--allow-partial``). ``--resume`` from a weights-only file says to use ``load_from``.
+  (``--allow-partial``). ``--resume`` from a weights-only file says to use ``load_from``;
+  ``--resume`` from a checkpoint that does not fit the model (another family, another head
+  width) is an error also with ``--allow-partial`` (the optimizer state belongs to the
+  checkpoint's parameters), saying to start a new run with ``load_from`` and
+  ``--allow-partial``.
 * Checkpoints are written atomically, and ``CheckpointHook`` is replaced by
   :class:`~.hooks.PolaCheckpointHook`, which deletes old checkpoints only after the new
   one and ``last_checkpoint`` are complete: a kill at any moment leaves a resumable work
@@ -18,6 +22,10 @@
   (:class:`~.divergence.DivergenceGuardHook`; config ``divergence_guard = False`` turns it
   off); a checkpoint of weights that are not finite is never written, and loading one
   warns.
+* A run that raises calls ``after_failed_run`` of the hooks that have one (mmengine calls
+  no hook then), which put back what they set for the run: the default attention backend
+  of :class:`~.hooks.PolaAttentionBackendHook`, the divergence guard's layer hooks, the
+  random states from before a validation that raised.
 * One live run per work dir: the runner takes ``<work_dir>/run.lock`` before anything
   is written there (rank 0 of a distributed run) and gives it back when ``train()``,
   ``val()`` or ``test()`` ends; a second run on the same work dir stops at once with
@@ -55,8 +63,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..utils.checkpoint_io import CheckpointError, atomic_write, load_checkpoint
 from ..utils.mmcv_ops import check_mmcv_cuda_ops
-from .checkpoint_fit import check_checkpoint_fits, checkpoint_state_dict, describe_mismatch
-from .class_check import check_num_classes
+from .checkpoint_fit import (CheckpointMismatchError, check_checkpoint_fits, checkpoint_state_dict,
+                             describe_mismatch)
+from .class_check import check_count_types, check_num_classes
 from .divergence import CONFIG_KEY as DIVERGENCE_GUARD_KEY
 from .divergence import DivergenceGuardHook, describe_non_finite, non_finite_tensors
 from .hooks import PolaCheckpointHook, ResumableStateHook
@@ -139,10 +148,26 @@ class PolaRunner(Runner):
         self._in_locked_run = True
         try:
             return run()
+        except BaseException:
+            if outermost:
+                self._after_failed_run()
+            raise
         finally:
             if outermost:
                 self._in_locked_run = False
                 self._unlock_work_dir()
+
+    def _after_failed_run(self) -> None:
+        """mmengine calls no hook when a run raises: the hooks that set state for the run
+        (``after_failed_run``: the attention backend, the divergence guard's layer hooks,
+        the random states saved when a validation started) put it back here."""
+        for hook in self._hooks:
+            undo = getattr(hook, 'after_failed_run', None)
+            if callable(undo):
+                try:
+                    undo(self)
+                except Exception as err:  # the run's own error is the one to raise
+                    self.logger.warning(f'{type(hook).__name__}.after_failed_run: {err}')
 
     def train(self):
         """mmengine's ``train()``, holding the work dir's lock (released at the end); an
@@ -189,7 +214,11 @@ class PolaRunner(Runner):
         torch_dist.init_process_group(backend='gloo', timeout=timeout, **dist_cfg)
 
     def build_model(self, model):
-        """mmengine's ``build_model``, then :func:`~.model_check.check_model_channels`."""
+        """mmengine's ``build_model``, then :func:`~.model_check.check_model_channels`; a
+        class count of the model config that is not an int is named first
+        (:func:`~.class_check.check_count_types`)."""
+        if isinstance(model, dict) and isinstance(self.cfg.get('model'), dict):
+            check_count_types(self.cfg)
         model = super().build_model(model)
         check_model_channels(model)
         return model
@@ -299,8 +328,11 @@ class PolaRunner(Runner):
         if not isinstance(checkpoint, dict):
             raise CheckpointError(f'{what} {filename!r} holds a '
                                   f'{type(checkpoint).__name__}, not a dict of tensors')
+        model = self.model.module if is_model_wrapper(self.model) else self.model
+        source = f'{what} {filename!r}'
         if self._resuming:
             self._require_resumable(checkpoint, filename)
+            self._require_same_model(model, checkpoint, source, filename, revise_keys)
             self._compare_optimizer(checkpoint, filename)
         self._warn_non_finite(checkpoint, filename)
         if 'message_hub' in checkpoint:
@@ -308,10 +340,8 @@ class PolaRunner(Runner):
         if 'param_schedulers' in checkpoint:
             checkpoint['param_schedulers'] = restore_scheduler_state(checkpoint['param_schedulers'])
         self.call_hook('after_load_checkpoint', checkpoint=checkpoint)
-        model = self.model.module if is_model_wrapper(self.model) else self.model
 
         strict = not self._allow_partial_load if strict is None else strict
-        source = f'{what} {filename!r}'
         if strict:
             check_checkpoint_fits(model, checkpoint, source, revise_keys)
         else:
@@ -354,6 +384,22 @@ class PolaRunner(Runner):
                 f'weights use load_from instead: --cfg-options load_from={filename} without '
                 "--resume (backbone weights: model.backbone.init_cfg=dict(type='Pretrained', "
                 'checkpoint=...)).')
+
+    @staticmethod
+    def _require_same_model(model, checkpoint: dict, source: str, filename: str,
+                            revise_keys) -> None:
+        """A resumed run continues the optimizer state and schedule of the checkpoint's
+        parameters: a model they do not fit cannot resume (``--allow-partial`` or not);
+        the error says how to start a new run from the weights that fit."""
+        message = describe_mismatch(model, checkpoint_state_dict(checkpoint, revise_keys), source)
+        if message:
+            raise CheckpointMismatchError(
+                f'{message}\nA run resumes only the model it was saved from (its optimizer '
+                'state and schedule belong to those parameters), with or without '
+                '--allow-partial. To train this model from the weights of the checkpoint '
+                f'that fit it, start a new run: --cfg-options load_from={filename} '
+                '--allow-partial without --resume (the optimizer state and the schedule '
+                'start over).')
 
     def _compare_optimizer(self, checkpoint: dict, filename: str) -> None:
         """Before mmengine restores the optimizer: another optimizer type is an error;

@@ -72,6 +72,29 @@ class BackboneFamily:
     attention_names: Union[str, Pattern, None] = None
     read_release: Optional[Callable] = None
 
+    def __post_init__(self) -> None:
+        """Check the fields that a family's users read first, naming the field and value."""
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f'BackboneFamily(name={self.name!r}): name takes a non-empty str, '
+                            "the backbone class's family attribute, e.g. name='pvt'")
+        if not isinstance(self.backbone, type):
+            raise TypeError(
+                f'BackboneFamily(name={self.name!r}, backbone={self.backbone!r}): backbone takes '
+                'the Pola backbone class itself, not its name or an instance (e.g. '
+                'from polaformer_mm.models import PolaPVT; backbone=PolaPVT)')
+        if self.attention_names is not None:
+            try:
+                groups = re.compile(self.attention_names).groupindex
+            except (re.error, TypeError) as err:
+                raise ValueError(f'BackboneFamily(name={self.name!r}, attention_names='
+                                 f'{self.attention_names!r}): not a regular expression '
+                                 f'({err})') from None
+            if 'block' not in groups:
+                raise ValueError(f'BackboneFamily(name={self.name!r}, attention_names='
+                                 f'{self.attention_names!r}): the regex needs a group '
+                                 "(?P<block>...) for the block's index (and (?P<stage>...) "
+                                 'for a backbone with several stages)')
+
     def config_pattern(self) -> Pattern:
         """``(pola-)?<config_name>-<size>`` as a word of a config file name; groups:
         ``pola``, ``size``."""
@@ -109,20 +132,61 @@ def _import_lazy_modules() -> None:
         importlib.import_module(module)
 
 
+def _qualified(cls: type) -> str:
+    return f'{cls.__module__}.{cls.__qualname__}'
+
+
+def _reproduce_clashes(family: BackboneFamily) -> List[str]:
+    """The reproduce ``--arch`` names of ``family`` that another registered family gives
+    the same task."""
+    clashes = []
+    for other in _FAMILIES.values():
+        if other.name == family.name:
+            continue
+        for task, configs in family.reproduce.items():
+            for arch in configs:
+                if arch in other.reproduce.get(task, {}):
+                    clashes.append(f"--arch {arch} of task {task!r} (family {other.name!r})")
+    return clashes
+
+
 def register_family(family: BackboneFamily) -> BackboneFamily:
-    """Register ``family`` (a family registered again under its name replaces the earlier
-    entry: a reloaded module). The backbone class must carry the family's name in its
-    ``family`` attribute.
+    """Register ``family``. The backbone class must carry the family's name in its
+    ``family`` attribute. A name registered for another backbone class is refused (a
+    subclass inherits its parent's ``family``: it needs a name of its own), as are config
+    names and reproduce ``--arch`` names another family has; the same class registered
+    again (a reloaded module) replaces its entry.
 
     Returns:
         BackboneFamily: ``family``.
     """
     if not isinstance(family, BackboneFamily):
         raise TypeError(f'register_family takes a BackboneFamily, got {type(family).__name__}')
-    if getattr(family.backbone, 'family', None) != family.name:
-        raise ValueError(f'{family.backbone.__name__}.family is '
-                         f'{getattr(family.backbone, "family", None)!r}, but the family '
+    cls = family.backbone
+    if getattr(cls, 'family', None) != family.name:
+        raise ValueError(f'{cls.__name__}.family is '
+                         f'{getattr(cls, "family", None)!r}, but the family '
                          f'registered for it is {family.name!r}')
+    taken = _FAMILIES.get(family.name)
+    if taken is not None and _qualified(taken.backbone) != _qualified(cls):
+        inherited = 'family' not in vars(cls)
+        raise ValueError(
+            f'register_family: the family name {family.name!r} is taken by '
+            f'{_qualified(taken.backbone)} ({taken.title}); {cls.__name__}.family is '
+            f'{family.name!r}' + (' (inherited from its parent class)' if inherited else '')
+            + f'. Give {cls.__name__} a family name of its own (class attribute family = '
+            "'<name>') and register BackboneFamily(name='<name>', ...) under it")
+    config_name = family.config_name or family.name
+    for other in _FAMILIES.values():
+        if other.name != family.name and (other.config_name or other.name) == config_name:
+            raise ValueError(f'register_family({family.name!r}): config_name {config_name!r} '
+                             f'is that of the family {other.name!r}; config files could not '
+                             'tell the two apart: give it a config_name of its own')
+    clashes = _reproduce_clashes(family)
+    if clashes:
+        raise ValueError(f'register_family({family.name!r}): {", ".join(clashes)} already '
+                         'taken by another family: give its reproduce configs other --arch '
+                         'names')
     _FAMILIES[family.name] = family
     return family
 

@@ -4,16 +4,20 @@ hour must not find at its end that it cannot write its results.
 :func:`check_output_dir` makes a folder (if missing) and writes a probe file in it;
 :func:`check_output_file` checks that a file can be created (or overwritten) where it is
 named, without leaving one behind. Both raise :class:`OutputPathError` naming the option
-and the path, for the command line to print as a usage error. :func:`check_run_options`
-checks what the ONNX benchmark and profile tools share: their CONFIG H W triples and their
-``--out-md``, ``--out-json`` and ``--work-dir``.
+and the path, for the command line to print as a usage error. :func:`check_distinct_outputs`
+refuses two output options of one command naming the same path (one would overwrite the
+other). :func:`check_run_options` checks what the ONNX benchmark and profile tools share:
+their CONFIG H W triples and their ``--out-md``, ``--out-json`` and ``--work-dir``.
 """
 import os
 import os.path as osp
 import tempfile
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
-__all__ = ['OutputPathError', 'check_output_dir', 'check_output_file', 'check_run_options']
+__all__ = [
+    'OutputPathError', 'check_output_dir', 'check_output_file', 'check_distinct_outputs',
+    'check_run_options'
+]
 
 
 class OutputPathError(ValueError):
@@ -44,14 +48,18 @@ def check_output_dir(option: str, path: str) -> str:
     return folder
 
 
-def check_output_file(option: str, path: str) -> str:
+def check_output_file(option: str, path: str, makes_folder: bool = False) -> str:
     """Check that the file ``path`` (given as ``option``) can be written: its folder exists
     and takes new files, and the path is not a folder (nor an existing file that cannot be
-    overwritten); returns its absolute path. Nothing is left behind."""
+    overwritten); returns its absolute path. Nothing is left behind. ``makes_folder``: the
+    writer makes a missing folder, so the nearest folder that exists must take new ones."""
     target = osp.abspath(path)
     folder = osp.dirname(target)
     if osp.isdir(target):
         raise OutputPathError(f'{option} {path}: is a folder, not a file')
+    if makes_folder:
+        while not osp.exists(folder) and osp.dirname(folder) != folder:
+            folder = osp.dirname(folder)
     if osp.exists(folder) and not osp.isdir(folder):
         raise OutputPathError(f'{option} {path}: {folder} is a file, not a folder')
     if not osp.isdir(folder):
@@ -66,11 +74,26 @@ def check_output_file(option: str, path: str) -> str:
     return target
 
 
+def check_distinct_outputs(outputs: Dict[str, Optional[str]]) -> None:
+    """An :class:`OutputPathError` when two of ``outputs`` (option -> path, None for an
+    option not given) name the same path, e.g. ``--json r.json --out-md r.json``: the file
+    written last would replace the other."""
+    seen: Dict[str, str] = {}
+    for option, path in outputs.items():
+        if not path:
+            continue
+        key = osp.normcase(osp.realpath(path))
+        if key in seen:
+            raise OutputPathError(f'{seen[key]} and {option} both name {path}: one output would '
+                                  'overwrite the other; give each its own path')
+        seen[key] = option
+
+
 def check_run_options(error: Callable[[str], Any], triples: Sequence[str], out_md: Optional[str],
                       out_json: Optional[str], work_dir: Optional[str]) -> None:
     """Check a command line's CONFIG H W ``triples`` (integer H and W) and its output
-    options (:func:`check_output_file` for ``--out-md`` / ``--out-json``,
-    :func:`check_output_dir` for ``--work-dir``); ``error`` (an argument parser's
+    options (no two naming the same path, :func:`check_output_file` for ``--out-md`` /
+    ``--out-json``, :func:`check_output_dir` for ``--work-dir``); ``error`` (an argument parser's
     ``error``) is called with the first problem's message."""
     if len(triples) % 3:
         error('runs are CONFIG H W triples')
@@ -78,6 +101,7 @@ def check_run_options(error: Callable[[str], Any], triples: Sequence[str], out_m
         if not (triples[i + 1].isdigit() and triples[i + 2].isdigit()):
             error(f'runs are CONFIG H W triples: {" ".join(triples[i:i + 3])} has no integer H W')
     try:
+        check_distinct_outputs({'--out-md': out_md, '--out-json': out_json, '--work-dir': work_dir})
         for option, out in (('--out-md', out_md), ('--out-json', out_json)):
             if out:
                 check_output_file(option, out)

@@ -261,6 +261,93 @@ def test_class_weights_of_a_segmentation_loss_keep_their_values():
     check_config_classes(cfg)
 
 
+def _loss_on(cfg, num_labels):
+    """mmseg's decode loss of ``cfg`` (its class weights) on logits of the head's classes and
+    labels 0 .. num_labels - 1, as the decode head computes it in training."""
+    import torch
+    from mmseg.registry import MODELS
+    loss = MODELS.build(cfg.model.decode_head.loss_decode)
+    logits = torch.randn(2, cfg.model.decode_head.num_classes, 4, 4)
+    labels = torch.arange(32).remainder(num_labels).view(2, 4, 4)
+    return loss(logits, labels)
+
+
+@pytest.mark.parametrize('count, data_classes, advice', [
+    (3, 4, {
+        'model.decode_head.num_classes': 4
+    }),
+    (5, 5, {
+        'model.decode_head.loss_decode.class_weight': [0.2, 1., 1., 1., 1.]
+    }),
+])
+def test_a_segmentation_count_changed_alone_gets_one_weight_per_class(count, data_classes, advice):
+    """A decode head's loss has one class weight per class (no "no object" entry): with
+    num_classes changed alone, the advice gives the data's count and one weight per class,
+    and the loss followed as written computes (the wrong length is mmseg's 'weight tensor
+    should be defined either for all or no classes')."""
+    cfg = _load(SEG, **{'model.decode_head.num_classes': count})
+    names = ('background', 'circle', 'square', 'triangle', 'star')[:data_classes]
+    for split in ('train', 'val', 'test'):
+        cfg[f'{split}_dataloader'].dataset.metainfo.classes = names
+    with pytest.raises(ClassMismatchError) as info:
+        check_config_classes(cfg)
+    assert _follow(cfg, info.value) == advice
+    check_config_classes(cfg, ('train', 'val', 'test'))
+    assert _loss_on(cfg, data_classes).isfinite().all()
+
+
+def test_a_class_count_that_is_no_number_is_named_before_the_model_is_built(
+        synthetic_data_root, tmp_path):
+    """``--cfg-options model.decode_head.num_classes=four`` (a str, as the tools' parser
+    reads it): the runner names the key and value before building the model, and its
+    advice followed passes the check."""
+    parser = entry.tool_parser('t')
+    entry.add_cfg_options(parser)
+    options = parser.parse_args(['x.py', '--cfg-options',
+                                 'model.decode_head.num_classes=four']).cfg_options
+    with pytest.raises(ClassMismatchError) as info:
+        _runner(SEG, synthetic_data_root, tmp_path, **options)
+    assert str(info.value).startswith(
+        "model.decode_head.num_classes='four': a class count is a whole number; the data of "
+        'train_dataloader.dataset has 4 classes'), str(info.value)
+    cfg = _load(SEG, **options)
+    _follow(cfg, info.value)
+    check_config_classes(cfg, ('train', 'val', 'test'))
+
+
+def test_a_segmentation_dataset_without_classes_is_checked_against_its_maps(
+        synthetic_data_root, tmp_path):
+    """A BaseSegDataset without metainfo names no classes: its maps' largest label (3: the
+    synthetic shapes) is compared with num_classes=3 (training would stop with 'Target 3 is
+    out of bounds'); the advice followed passes, as does naming the classes."""
+    options = {
+        'train_dataloader.dataset.metainfo': None,
+        'model.decode_head.num_classes': 3,
+        'model.decode_head.loss_decode.class_weight': [0.2, 1., 1.]
+    }
+    runner = _runner(SEG, synthetic_data_root, tmp_path / 'a', **options)
+    with pytest.raises(ClassMismatchError) as info:
+        runner.train()
+    message = str(info.value)
+    assert message.startswith(
+        'model.decode_head.num_classes=3; model.decode_head.loss_decode.class_weight has 3 '
+        'values; but the maps of the train data (train_dataloader.dataset: BaseSegDataset, '
+        'which names no classes) hold labels up to 3 ('), message
+    assert message.endswith('or name its classes, one per label, in '
+                            'train_dataloader.dataset.metainfo.classes')
+    cfg = runner.cfg
+    assert _follow(cfg, info.value) == {
+        'model.decode_head.num_classes': 4,
+        'model.decode_head.loss_decode.class_weight': [0.2, 1., 1., 1.]
+    }
+    check_config_classes(cfg, ('train', 'val', 'test'))
+    # the other way out: its classes named, then compared as any others
+    cfg = _load(SEG, **options)
+    cfg.train_dataloader.dataset.metainfo = dict(classes=('a', 'b', 'c', 'd'))
+    with pytest.raises(ClassMismatchError, match='but the train data has 4 classes'):
+        check_config_classes(cfg)
+
+
 # -- through the runner and tools/train.py ----------------------------------------------
 def test_detector_heads_with_fewer_classes_than_the_data(synthetic_data_root, tmp_path):
     runner = _runner(DET, synthetic_data_root, tmp_path,
@@ -354,3 +441,33 @@ def test_train_py_advice_followed_trains(config, wrong, fixed, synthetic_data_ro
 def _advice_strings(message):
     start = message.index(': to train on this data, set ') + len(': to train on this data, set ')
     return message[start:message.index(' (--cfg-options takes these as written)')].split(' ')
+
+
+@pytest.mark.slow
+def test_train_py_seg_data_without_classes_advice_followed_trains(synthetic_data_root, tmp_path):
+    """tools/train.py on a segmentation training set that names no classes, with a head of 3
+    classes for maps of 4 labels: one line naming the maps' labels, before any iteration;
+    its settings added to the command train."""
+    from tests._smoke import smoke_config
+    small = smoke_config(Config.fromfile(SEG), synthetic_data_root, 'unused')
+    small.train_cfg.max_iters = 1
+    small.train_cfg.val_interval = 2
+    small.default_hooks.checkpoint.interval = 1
+    small.train_dataloader.dataset.metainfo = None
+    for key in ('work_dir', 'launcher', 'runner_type'):
+        small.pop(key, None)
+    config = str(tmp_path / 'seg.py')
+    small.dump(config)
+    wrong = [
+        'model.decode_head.num_classes=3', 'model.decode_head.loss_decode.class_weight=[1,1,1]'
+    ]
+    message = _named_error(_train(config, wrong, tmp_path / 'wrong'))
+    assert 'hold labels up to 3' in message, message
+    assert not glob.glob(osp.join(str(tmp_path), 'wrong', 'wd', 'iter_*.pth'))
+    advice = _advice_strings(message)
+    assert advice == [
+        'model.decode_head.num_classes=4', 'model.decode_head.loss_decode.class_weight=[1,1,1,1]'
+    ], message
+    proc = _train(config, wrong + advice, tmp_path / 'followed')
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert osp.exists(osp.join(str(tmp_path), 'followed', 'wd', 'iter_1.pth'))

@@ -1,6 +1,7 @@
 """Resume that does not surprise: a changed lr / weight decay is reported (and the config's
-value wins on request), another optimizer type is a named error, and a copied or moved work
-dir resumes from its own files."""
+value wins on request), another optimizer type is a named error, a model that does not fit the
+checkpoint is a named error whose advice trains (with or without --allow-partial), and a copied
+or moved work dir resumes from its own files."""
 import glob
 import os.path as osp
 import shutil
@@ -10,6 +11,7 @@ import sys
 import pytest
 
 from polaformer_mm.engine import entry
+from polaformer_mm.engine.checkpoint_fit import CheckpointMismatchError
 from polaformer_mm.utils.checkpoint_io import CheckpointError
 from tests import REPO
 
@@ -18,7 +20,7 @@ DET = osp.join(REPO, 'configs/quickstart/mask-rcnn_pola-pvt-nano_fpn_synthetic.p
 pytestmark = pytest.mark.slow
 
 
-def _cfg(data_root, work_dir, resume=None, **options):
+def _cfg(data_root, work_dir, resume=None, allow_partial=False, **options):
     cfg = entry.load_config(DET)
     ann = data_root + 'annotations/instances_val.json'
     cfg.merge_from_dict({
@@ -35,7 +37,8 @@ def _cfg(data_root, work_dir, resume=None, **options):
         'default_hooks.logger.interval': 1,
         **options
     })
-    return entry.prepare_train_config(cfg, DET, work_dir=str(work_dir), resume=resume)
+    return entry.prepare_train_config(
+        cfg, DET, work_dir=str(work_dir), resume=resume, allow_partial=allow_partial)
 
 
 @pytest.fixture(scope='module')
@@ -150,3 +153,34 @@ def test_copied_or_moved_work_dir_resumes_from_its_own_files(synthetic_data_root
     assert runner.epoch == 2 and osp.isfile(work_dir / 'epoch_2.pth')
     with open(work_dir / 'last_checkpoint') as f:
         assert f.read().strip() == osp.join(str(work_dir), 'epoch_2.pth')
+
+
+@pytest.mark.parametrize('allow_partial', [False, True], ids=['strict', 'allow-partial'])
+def test_a_model_that_does_not_fit_cannot_resume_and_the_advice_trains(
+        synthetic_data_root, trained, tmp_path, allow_partial):
+    """--resume into another head width (the RPN head's 64 channels made 32): named before
+    anything is restored (with --allow-partial too, where the optimizer state would fail in
+    torch: 'loaded state dict contains a parameter group that doesn't match'); its advice,
+    a new run from the weights that fit, trains."""
+    work_dir = _copy(trained, tmp_path / 'B')
+    narrow = {'model.rpn_head.feat_channels': 32, 'train_cfg.max_epochs': 2}
+    cfg = _cfg(synthetic_data_root, work_dir, resume='auto', allow_partial=allow_partial, **narrow)
+    with pytest.raises(CheckpointMismatchError) as info:
+        entry.build_runner(cfg).train()
+    ckpt = str(work_dir / 'epoch_1.pth')
+    message = str(info.value)
+    assert 'rpn_head.rpn_conv.weight: checkpoint [64, 64, 3, 3] vs model [32, 64, 3, 3]' in message
+    assert ('A run resumes only the model it was saved from (its optimizer state and schedule '
+            'belong to those parameters), with or without --allow-partial.') in message
+    assert (f'start a new run: --cfg-options load_from={ckpt} --allow-partial without --resume'
+            in message)
+    assert not osp.exists(work_dir / 'epoch_2.pth')
+    # followed as written: load_from, --allow-partial, no --resume
+    runner = entry.build_runner(
+        _cfg(
+            synthetic_data_root,
+            tmp_path / 'C',
+            allow_partial=True,
+            **dict(narrow, load_from=ckpt, **{'train_cfg.max_epochs': 1})))
+    runner.train()
+    assert osp.isfile(tmp_path / 'C' / 'epoch_1.pth')

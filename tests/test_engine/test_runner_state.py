@@ -1,4 +1,5 @@
-"""Runner checkpoints under torch's weights-only loading (runner state encoding)."""
+"""Runner checkpoints under torch's weights-only loading (runner state encoding), and the
+random states of a validation that fails."""
 import io
 import os
 import pickle
@@ -7,7 +8,9 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 import torch
+from mmengine.hooks import Hook
 from mmengine.logging import HistoryBuffer
+from mmengine.registry import HOOKS
 
 from polaformer_mm.engine import restore_runner_state, to_weights_only_safe
 from polaformer_mm.utils.checkpoint_io import safe_load_scope
@@ -122,3 +125,41 @@ def test_multistep_scheduler_state_loads_weights_only_and_resumes_the_same():
     assert lrs[0] == lrs[1] and lrs[0][0] == pytest.approx(0.001)
     # one list per optimizer (several optimizers) is restored too
     assert type(restore_scheduler_state({'a': saved})['a'][0]['milestones']) is Counter
+
+
+@HOOKS.register_module(force=True)
+class _DrawsAndFailsInValidation(Hook):
+    """Runs after ResumableStateHook's before_val: records the random state it saved, draws
+    from torch's generator as a validation does, then fails the validation."""
+    priority = 'LOWEST'
+    saved = []
+
+    def before_val(self, runner):
+        """Record the state validation started from."""
+        self.saved.append(torch.get_rng_state())
+
+    def before_val_iter(self, runner, batch_idx, data_batch=None):
+        """Draw, then fail."""
+        torch.rand(100)
+        raise RuntimeError('a validation that fails')
+
+
+def test_a_failed_validation_gives_back_the_random_states_it_saved(synthetic_data_root, tmp_path):
+    """PolaRunner.val() raising: the random states from before it are put back and the
+    saved states dropped (a later checkpoint of the runner would record them otherwise)."""
+    from polaformer_mm.engine import entry
+    from polaformer_mm.engine.hooks import ResumableStateHook
+    from tests import REPO
+    config = os.path.join(REPO, 'configs/quickstart/fpn_pola-pvt-nano_synthetic-seg.py')
+    cfg = entry.load_config(config)
+    for split in ('train', 'val', 'test'):
+        cfg[f'{split}_dataloader'].dataset.data_root = synthetic_data_root
+    cfg.custom_hooks = [dict(type='_DrawsAndFailsInValidation')]
+    entry.prepare_train_config(cfg, config, work_dir=str(tmp_path))
+    runner = entry.build_runner(cfg)
+    _DrawsAndFailsInValidation.saved.clear()
+    with pytest.raises(RuntimeError, match='a validation that fails'):
+        runner.val()
+    state_hook = next(h for h in runner.hooks if isinstance(h, ResumableStateHook))
+    assert state_hook._before_val == []
+    assert torch.equal(torch.get_rng_state(), _DrawsAndFailsInValidation.saved[0])

@@ -300,3 +300,114 @@ def test_gain_table_pairs_an_all_softmax_baseline_of_the_same_class(toy_family, 
     assert [(r['backbone'], r['row']) for r in rows] == [('Mini-N', 'softmax'),
                                                          ('Pola-Mini-N', 'pola'),
                                                          ('Pola-Mini-N - Mini-N', 'delta')]
+
+
+# -- names the registry is keyed by ---------------------------------------------------
+class _InheritsPVT(PolaPVT):
+    """A user's PolaPVT subclass that keeps the family name it inherits ('pvt')."""
+
+
+class _OwnName(PolaPVT):
+    """The same, with a family name of its own."""
+    family = 'own_pvt_of_test_backbone_family'
+
+
+def test_a_taken_family_name_is_refused_and_the_advice_registers():
+    """A subclass registered under the name it inherits ('pvt') would replace the built-in
+    family (PolaPVT then had none, and the warm start refused it): refused, naming the
+    owner; a family name of its own, as the error says, registers beside it."""
+    pvt = family_of(PolaPVT)
+    with pytest.raises(
+            ValueError,
+            match=r"the family name 'pvt' is taken by polaformer_mm\.models\.backbones\."
+            r"pola_pvt\.PolaPVT \(PVT v1\); _InheritsPVT\.family is 'pvt' \(inherited from "
+            r"its parent class\)\. Give _InheritsPVT a family name of its own"):
+        register_family(BackboneFamily(name='pvt', title='Mine', backbone=_InheritsPVT))
+    assert family_of(PolaPVT) is pvt and family_of(_InheritsPVT) is pvt
+    own = register_family(
+        BackboneFamily(name=_OwnName.family, title='Own', backbone=_OwnName, config_name='own'))
+    try:
+        assert family_of(_OwnName) is own and family_of(PolaPVT) is pvt
+        # the same class registered again (a reloaded module) replaces its entry
+        assert register_family(dataclasses.replace(own, title='Own 2')).title == 'Own 2'
+    finally:
+        unregister_family(_OwnName.family)
+
+
+@pytest.mark.parametrize('field, value, match', [
+    ('config_name', 'pvt', r"config_name 'pvt' is that of the family 'pvt'"),
+    ('reproduce', {
+        'semantic-fpn': {
+            'pvt-t': 'x.py'
+        }
+    }, r"--arch pvt-t of task 'semantic-fpn' \(family 'pvt'\) already taken"),
+])
+def test_names_another_family_has_are_refused(field, value, match):
+    family = BackboneFamily(**dict(
+        dict(name=_OwnName.family, title='Own', backbone=_OwnName, config_name='own'), **
+        {field: value}))
+    with pytest.raises(ValueError, match=match):
+        register_family(family)
+    assert _OwnName.family not in {f.name for f in families()}
+
+
+def test_benchmark_names_two_families_give_are_named(toy_family):
+    from polaformer_mm.analysis.benchmark import BenchmarkError, named_backbones
+    unregister_family('toy')
+    try:
+        register_family(
+            dataclasses.replace(
+                TOY, benchmark=lambda: dict(_toy_benchmark(), **{'pola-pvt-t': dict()})))
+        with pytest.raises(
+                BenchmarkError, match=r"'pola-pvt-t' is named by the families 'pvt' and 'toy'"):
+            named_backbones()
+    finally:
+        unregister_family('toy')
+        register_family(TOY)
+    assert 'pola-toy-n' in named_backbones()
+
+
+@pytest.mark.parametrize('kwargs, error, match', [
+    (dict(backbone='PolaPVT'), TypeError,
+     r"backbone='PolaPVT'\): backbone takes the Pola backbone class itself, not its name"),
+    (dict(backbone=PolaToy, name=''), TypeError, r"name takes a non-empty str"),
+    (dict(backbone=PolaToy,
+          attention_names='layers.(?P<stage>'), ValueError, r'not a regular expression'),
+    (dict(backbone=PolaToy, attention_names=r'layers\.(?P<stage>\d+)'), ValueError,
+     r'needs a group \(\?P<block>\.\.\.\)'),
+])
+def test_family_fields_are_checked_when_declared(kwargs, error, match):
+    """``BackboneFamily(backbone='PolaPVT')`` was an AttributeError ('str' object has no
+    attribute '__name__') at registration."""
+    kwargs = dict(dict(name='toy', title='Toy'), **kwargs)
+    with pytest.raises(error, match=match):
+        BackboneFamily(**kwargs)
+    # as the message says: the class itself
+    assert BackboneFamily(name='toy', title='Toy', backbone=PolaToy).backbone is PolaToy
+
+
+def test_visualize_attention_names_a_family_without_attention_names(toy_family, tmp_path):
+    """The toy family without ``attention_names``: one line naming the family and the field
+    (the tool's command-line runner, no traceback), and with the field declared it draws."""
+    from polaformer_mm.engine.entry import run_tool
+    tool = load_tool('analysis_tools/visualize_attention.py', '_visualize_attention_toy2')
+    config = _config(tmp_path, 'fpn_pola-toy-n_synthetic-seg', 'LSSS')
+    argv = [config, IMAGE, '--out-dir', str(tmp_path / 'out'), '--num-queries', '4']
+    unregister_family('toy')
+    try:
+        register_family(dataclasses.replace(TOY, attention_names=None))
+        with warnings.catch_warnings(), pytest.raises(SystemExit) as info:
+            warnings.simplefilter('ignore')  # the random-weights warning
+            run_tool(lambda: tool.main(argv), 'visualize_attention.py')
+    finally:
+        unregister_family('toy')
+        register_family(TOY)
+    message = str(info.value.code)
+    assert message.startswith(
+        "visualize_attention.py: error: layers.0.blocks.0.attn: the PolaToy backbone belongs "
+        "to the family 'toy', which declares no attention_names; the attention analysis "
+        'finds Pola attention modules by BackboneFamily.attention_names'), message
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        written = tool.main(argv)
+    assert len(written['blocks']) == 1

@@ -9,8 +9,9 @@ import torch
 from mmengine.logging import MMLogger
 from mmpretrain.models.backbones import VisionTransformer
 
+from polaformer_mm.engine.checkpoint_fit import check_checkpoint_fits
 from polaformer_mm.models import PolaViT
-from polaformer_mm.models.backbones.pola_vit import PolaViTAttention
+from polaformer_mm.models.backbones.pola_vit import GRID_KEY, PolaViTAttention
 from polaformer_mm.models.utils import resize_token_grid
 from polaformer_mm.ops.pola_attention.reference import pola_linear_attention_reference
 
@@ -514,6 +515,77 @@ def test_a_file_of_the_former_layout_loads_resized_and_says_so(tmp_path, side):
     x = torch.randn(1, 3, 80, 48)
     with torch.no_grad():
         torch.testing.assert_close(same.eval()(x), old.eval()(x))
+
+
+def _loads(model, state, path):
+    """The ways a file reaches a PolaViT: a strict load_state_dict, the Pretrained load,
+    init_cfg (``model`` built with it), and a whole model's strict check and load."""
+    yield 'load_state_dict', lambda: model.load_state_dict(state, strict=True)
+    yield '_load_pretrained', lambda: model._load_pretrained(state, path)
+    yield 'init_cfg', model.init_weights
+
+    def whole():
+        wrapper = torch.nn.Module()
+        wrapper.backbone = model
+        whole_state = {f'backbone.{k}': v for k, v in state.items()}
+        check_checkpoint_fits(wrapper, whole_state)
+        wrapper.load_state_dict(whole_state, strict=True)
+
+    yield 'whole model', whole
+
+
+def test_a_file_learned_on_a_grid_that_is_not_square_is_read_on_its_grid(tmp_path):
+    """A model of a 16x4 grid (pretrain_img_size 256x64) writes its grid beside its
+    tables; an 8x8 model (64 tokens too) loads the file resized from 16x4, whichever way it
+    is loaded, and gives the file's model's outputs at a 128x128 input (where that model
+    resizes its tables to 8x8 at run time). Before, the 64 tokens were read as 8x8: outputs
+    off by more than their peak. A square grid writes nothing (DeiT's and mmpretrain's
+    state dicts stay as they are)."""
+    src = _randomise(PolaViT(arch=TINY, attn_types='LSL', pretrain_img_size=(256, 64)), 0.3)
+    state = src.state_dict()
+    assert state[GRID_KEY].tolist() == [16, 4]
+    assert GRID_KEY not in PolaViT(arch=TINY, pretrain_img_size=128).state_dict()
+    path = str(tmp_path / 'rect.pth')
+    torch.save(state, path)
+    x = torch.randn(1, 3, 128, 128)
+    with torch.no_grad():
+        want = src.eval()(x)
+    peak = max(w.abs().max().item() for w in want)
+    for how in ('load_state_dict', '_load_pretrained', 'init_cfg', 'whole model'):
+        model = PolaViT(
+            arch=TINY,
+            attn_types='LSL',
+            pretrain_img_size=128,
+            init_cfg=dict(type='Pretrained', checkpoint=path))
+        with _Records() as records:
+            dict(_loads(model, state, path))[how]()
+        said = [r.getMessage() for r in records if 'resized' in r.getMessage()]
+        assert len(said) == 1 and "from the file's 16x4 grid to this model's 8x8" in said[0], \
+            (how, said)
+        with torch.no_grad():
+            assert _max_error(model.eval()(x), want) < 1e-5 * peak, how
+
+
+def test_a_file_without_a_grid_is_square_and_a_bad_grid_is_named():
+    """A file of a square 8x8 model into a 16x4 model: read as 8x8 and resized (said in the
+    log), the outputs of the file's model at a 256x64 input; a grid record that does not fit
+    the tables is an error naming it."""
+    src = _randomise(PolaViT(arch=TINY, pretrain_img_size=128), 0.3)
+    model = PolaViT(arch=TINY, pretrain_img_size=(256, 64))
+    with _Records() as records:
+        model.load_state_dict(src.state_dict(), strict=True)
+    said = [r.getMessage() for r in records if 'resized' in r.getMessage()]
+    assert len(said) == 1 and "file's 8x8 grid to this model's 16x4" in said[0], said
+    assert 'the file names no grid: its tables were read as square' in said[0]
+    x = torch.randn(1, 3, 256, 64)
+    with torch.no_grad():
+        assert _max_error(model.eval()(x), src.eval()(x)) < 1e-4
+    state = dict(src.state_dict(), **{GRID_KEY: torch.tensor([16, 5])})
+    with pytest.raises(
+            ValueError,
+            match=r'pos_grid=\[16, 5\] of the file does not fit its '
+            r'pos_embed \(1, 65, 32\) \(64 tokens on the grid, 80 expected\)'):
+        model.load_state_dict(state)
 
 
 def test_blocks_are_mmpretrain_layers_and_build_no_attention_they_discard(monkeypatch):

@@ -1,6 +1,7 @@
 """The compile report of the fused Triton kernels: real compilations for named targets,
 without a GPU (Triton's compile path and its bundled ptxas)."""
 import json
+import os.path as osp
 
 import pytest
 
@@ -132,6 +133,21 @@ def test_cli_refuses_an_unwritable_output_before_compiling(tmp_path):
     with pytest.raises(SystemExit, match='--json .*is a folder'):
         tool.main(['--json', str(tmp_path), '--targets', 'sm_61'])
     assert not missing.parent.exists()
+    # the same file for both outputs: one would overwrite the other
+    same = str(tmp_path / 'r.txt')
+    with pytest.raises(SystemExit, match=f'--json and --out-md both name {same}'):
+        tool.main(['--json', same, '--out-md', same, '--targets', 'sm_61'])
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not osp.isdir('/proc'), reason='no /proc (not Linux)')
+def test_cli_refuses_a_folder_that_takes_no_file_before_compiling():
+    """/proc takes no new file, though root passes an access check there: refused by
+    creating a file where the report would go, before anything compiles (the report
+    used to be lost after every compilation)."""
+    tool = load_tool('analysis_tools/compile_kernels.py')
+    with pytest.raises(SystemExit, match='--out-md /proc/report.md: cannot write in /proc'):
+        tool.main(['--out-md', '/proc/report.md', '--targets', 'sm_61'])
 
 
 @needs_triton

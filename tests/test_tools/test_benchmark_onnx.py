@@ -119,6 +119,8 @@ def test_cpu_without_a_model_line_falls_back_to_the_platform(monkeypatch):
     (['a.py', '64', '64', '--threads', '0'], '--threads must be >= 1'),
     (['a.py', '64', '64', '--out-md', '/no/such/folder/t.md'
       ], '--out-md /no/such/folder/t.md: the folder /no/such/folder does not exist'),
+    (['a.py', '64', '64', '--out-md', 'b.txt', '--out-json', 'b.txt'
+      ], '--out-md and --out-json both name b.txt: one output would overwrite the other'),
 ])
 def test_bad_arguments_are_named(args, message, capsys):
     with pytest.raises(SystemExit):

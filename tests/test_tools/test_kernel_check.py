@@ -196,3 +196,73 @@ def test_rows_are_printed_as_they_come_and_sdpa_errors_fail_nothing():
     table.add(selfcheck.Row('time fwd', 'triton', 'float16', '2,1,3136,3136,64', 'error'))
     assert selfcheck.summarize(table.rows, {}, quick=False, elapsed_s=2.0)['verdict'] == 'failed'
     assert len(stream.getvalue().splitlines()) == 2 + 4  # header, rule, four rows
+
+
+def _kernel_check_tool():
+    from .._tools import load_tool
+    return load_tool('kernel_check.py', '_kernel_check_cli')
+
+
+@pytest.mark.parametrize('where, message', [
+    ('folder', 'is a folder, not a file'),
+    ('under_a_file', '/file is a file, not a folder'),
+    pytest.param(
+        'proc',
+        'cannot write in /proc',
+        marks=pytest.mark.skipif(not osp.isdir('/proc'), reason='no /proc (not Linux)')),
+])
+def test_a_json_path_that_takes_no_file_is_refused_before_any_row(tmp_path, capsys, where, message):
+    """A folder, a path under a file, and a folder that takes no file (``/proc``: root
+    passes an access check there): a usage error (exit 2) naming --json and the path before
+    any row runs; nothing is left behind (no ``.tmp``). A missing folder is made (the docs'
+    work_dirs/kernel_check.json), so it is no error."""
+    (tmp_path / 'file').write_text('x')
+    path = {
+        'folder': str(tmp_path),
+        'under_a_file': str(tmp_path / 'file' / 'r.json'),
+        'proc': '/proc/kernel_check.json'
+    }[where]
+    with pytest.raises(SystemExit) as info:
+        _kernel_check_tool().main(['--quick', '--json', path])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f'--json {path}: ' in err and message in err, err
+    assert '| check' not in err
+    assert [p.name for p in tmp_path.iterdir()] == ['file']
+
+
+@pytest.mark.parametrize('value', ['nan', 'inf', '0', '-5'])
+def test_a_budget_that_is_no_positive_number_of_seconds_is_refused(value, capsys):
+    with pytest.raises(SystemExit) as info:
+        _kernel_check_tool().parse_args(['--budget-s', value])
+    assert info.value.code == 2
+    assert f'--budget-s must be a number of seconds > 0, got {float(value)}' in \
+        capsys.readouterr().err
+
+
+def test_a_json_write_that_fails_leaves_no_temporary_file(tmp_path):
+    """The file is replaced through ``PATH.tmp``; when the replace fails (here ``PATH`` is
+    a folder that holds a file) the temporary file is removed and the error raised."""
+    target = tmp_path / 'r.json'
+    target.mkdir()
+    (target / 'keep').write_text('x')
+    with pytest.raises(OSError):
+        selfcheck.write_json({'rows': []}, str(target))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['r.json']
+
+
+@pytest.mark.slow
+def test_an_op_that_does_not_import_exits_2_naming_why(tmp_path):
+    """POLA_ATTENTION_BACKEND=cuda stops the op's import (a ValueError naming the variable):
+    exit status 2, as the docs say for an op that does not import, with that message."""
+    env = dict(_env(interpret=True), POLA_ATTENTION_BACKEND='cuda')
+    proc = subprocess.run([sys.executable, TOOL, '--quick', '--json',
+                           str(tmp_path / 'r.json')],
+                          env=env,
+                          capture_output=True,
+                          text=True,
+                          timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "kernel_check: the attention op does not import: POLA_ATTENTION_BACKEND='cuda'" in \
+        proc.stderr
+    assert 'Traceback' not in proc.stderr and list(tmp_path.iterdir()) == []

@@ -156,6 +156,10 @@ def test_pairs_compare_sums_and_the_first_with_free_elementwise():
     (['a.py', '64', 'x'], 'no integer H W'),
     (['a.py', '64', '64', '--runs', '0'], '--runs and --top'),
     (['a.py', '64', '64', '--parts', 'end2end'], 'invalid choice'),
+    (['a.py', '64', '64', '--out-md', 'p.txt', '--out-json', 'p.txt'
+      ], '--out-md and --out-json both name p.txt: one output would overwrite the other'),
+    (['a.py', '64', '64', '--out-json', 'w', '--work-dir', 'w'
+      ], '--out-json and --work-dir both name w'),
 ])
 def test_bad_arguments_are_named(args, message, capsys):
     with pytest.raises(SystemExit):

@@ -236,3 +236,22 @@ def test_every_task_config_pairs_with_a_labelled_baseline():
             ]
             assert labels[0] == 'Pola-' + labels[1], (task, arch, labels)
             assert labels[1].lower() == arch, (task, arch, labels)
+
+
+def test_gain_table_outputs_are_checked_before_any_measurement(tmp_path, capsys):
+    """--out PREFIX and --flops-cache: a cache named like one of PREFIX's files, or a place
+    that takes no file, is a usage error naming the option before any run is read or
+    measured; a missing folder is made."""
+    tool = load_tool('analysis_tools/gain_table.py', '_gain_table_cli')
+    prefix = str(tmp_path / 'made' / 'gains')
+    for argv, message in [
+        ([str(tmp_path), '--out', prefix, '--flops-cache',
+          prefix + '.csv'], f'--out (.csv) and --flops-cache both name {prefix}.csv'),
+        ([str(tmp_path), '--flops-cache', str(tmp_path)], 'is a folder, not a file'),
+    ]:
+        with pytest.raises(SystemExit) as info:
+            tool.parse_args(argv)
+        assert info.value.code == 2 and message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    args = tool.parse_args([str(tmp_path), '--out', prefix, '--flops-cache', prefix + '.json'])
+    assert args.out == prefix and list(tmp_path.iterdir()) == []

@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from polaformer_mm.utils.output_paths import OutputPathError, check_output_dir, check_output_file
+from polaformer_mm.utils.output_paths import (OutputPathError, check_distinct_outputs,
+                                              check_output_dir, check_output_file)
 
 
 def test_folder_is_made_and_left_empty(tmp_path):
@@ -33,3 +34,24 @@ def test_read_only_folder_is_refused(tmp_path):
             check_output_file('--out-json', str(folder / 'x.json'))
     finally:
         folder.chmod(0o700)
+
+
+def test_two_options_naming_one_path_are_refused(tmp_path):
+    same = str(tmp_path / 'r.json')
+    with pytest.raises(
+            OutputPathError,
+            match=rf'--json and --out-md both name {same}: one output would '
+            'overwrite the other'):
+        check_distinct_outputs({'--json': same, '--out-md': str(tmp_path / '.' / 'r.json')})
+    check_distinct_outputs({'--json': same, '--out-md': str(tmp_path / 'r.md'), '--x': None})
+
+
+def test_a_missing_folder_the_writer_makes_is_checked_where_it_would_be_made(tmp_path):
+    deep = str(tmp_path / 'a' / 'b' / 'r.json')
+    with pytest.raises(OutputPathError, match='the folder .* does not exist'):
+        check_output_file('--json', deep)
+    assert check_output_file('--json', deep, makes_folder=True) == deep
+    assert list(tmp_path.iterdir()) == []  # nothing made
+    (tmp_path / 'f').write_text('x')
+    with pytest.raises(OutputPathError, match='f is a file, not a folder'):
+        check_output_file('--json', str(tmp_path / 'f' / 'b' / 'r.json'), makes_folder=True)

@@ -40,6 +40,7 @@ import time
 import torch
 
 from polaformer_mm.ops import pola_linear_attention
+from polaformer_mm.ops.pola_attention import triton_backend
 from polaformer_mm.ops.pola_attention.reference import (pola_linear_attention_naive,
                                                         pola_linear_attention_reference)
 
@@ -197,7 +198,35 @@ def parse_args(argv=None):
         bad = [i for i in args.shapes if not 0 <= i < len(SHAPES)]
         if bad:
             parser.error(f'--shapes {bad}: there are {len(SHAPES)} shapes (0-{len(SHAPES) - 1})')
+    if not args.child:
+        _check_device_and_backend(parser, args)
     return args
+
+
+def _check_device_and_backend(parser, args) -> None:
+    """Before any measurement: ``--device`` names a device torch has, and ``--backend
+    triton`` takes the inputs of every shape to run on it (the op's own check)."""
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as error:
+        parser.error(f'--device {args.device}: {error}')
+    if device.type == 'cuda' and not torch.cuda.is_available():
+        parser.error(f'--device {args.device}: torch {torch.__version__} (CUDA build '
+                     f'{torch.version.cuda}) sees no CUDA GPU; run with --device cpu')
+    if device.type not in ('cpu', 'cuda'):
+        parser.error(f'--device {args.device}: the benchmark runs on cpu or cuda')
+    if args.backend != 'triton':
+        return
+    dtype = getattr(torch, args.dtype)
+    for index in (args.shapes if args.shapes is not None else range(len(SHAPES))):
+        d = SHAPES[index][-1]
+        q = torch.zeros(1, 1, 4, d, device=device, dtype=dtype)
+        reasons = triton_backend.unsupported_reasons(q, q, q,
+                                                     torch.zeros(1, 1, 1, d, device=device))
+        if reasons:
+            parser.error(f'--backend triton on {device} ({args.dtype}, head width {d}): '
+                         f'{"; ".join(reasons)}; run with --backend torch (or auto, which '
+                         'takes the kernels where they apply)')
 
 
 def main(argv=None):

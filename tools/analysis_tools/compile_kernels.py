@@ -20,13 +20,13 @@ case has no configuration that fits. The report is
 """
 import argparse
 import json
-import os
 import os.path as osp
 import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 from polaformer_mm.ops.pola_attention import compile_report as cr  # noqa: E402
+from polaformer_mm.utils import output_paths  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -65,15 +65,16 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def _check_writable(path: str, option: str) -> None:
-    """Fail before compiling when ``path`` cannot be written."""
-    folder = osp.dirname(osp.abspath(path))
-    if osp.isdir(path):
-        raise SystemExit(f'{option} {path}: is a folder')
-    if not osp.isdir(folder):
-        raise SystemExit(f'{option} {path}: folder {folder} does not exist')
-    if not os.access(path if osp.exists(path) else folder, os.W_OK):
-        raise SystemExit(f'{option} {path}: not writable')
+def _check_outputs(args) -> None:
+    """Fail before compiling when ``--json`` / ``--out-md`` cannot be written (a file is
+    created and removed where each is named) or both name the same file."""
+    try:
+        output_paths.check_distinct_outputs({'--json': args.json, '--out-md': args.out_md})
+        for path, option in ((args.json, '--json'), (args.out_md, '--out-md')):
+            if path:
+                output_paths.check_output_file(option, path)
+    except output_paths.OutputPathError as error:
+        raise SystemExit(f'compile_kernels: {error}')
 
 
 def _progress(done: int, total: int) -> None:
@@ -84,9 +85,7 @@ def _progress(done: int, total: int) -> None:
 def main(argv=None):
     """Compile, print the tables (and write them); returns the report and the exit status."""
     args = parse_args(argv)
-    for path, option in ((args.json, '--json'), (args.out_md, '--out-md')):
-        if path:
-            _check_writable(path, option)
+    _check_outputs(args)
     try:
         targets = [cr.parse_target(t) for t in args.targets]
         report = cr.compile_report(

@@ -21,7 +21,9 @@ schedule, and the metrics: detection AP^b, AP^b_50, AP^b_75 and AP^m (COCO AP x 
 single scale); segmentation mIoU (single scale) and mIoU(ms+flip) (the ``--tta`` test).
 
 ``--out PREFIX`` writes ``PREFIX.md``, ``PREFIX.csv`` and ``PREFIX.png`` (a bar chart of
-the deltas; matplotlib, Agg backend); the Markdown is printed in any case. The table is
+the deltas; matplotlib, Agg backend); the Markdown is printed in any case. ``--out`` and
+``--flops-cache`` are checked before any run is read (each file writable where it is named,
+no two the same); the cache is rewritten whole after every measurement. The table is
 ``polaformer_mm.analysis.gain_table``'s.
 """
 import argparse
@@ -30,7 +32,8 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
-from polaformer_mm.analysis.gain_table import make_gain_table  # noqa: E402
+from polaformer_mm.analysis.gain_table import check_outputs, make_gain_table  # noqa: E402
+from polaformer_mm.utils.output_paths import OutputPathError  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -48,7 +51,12 @@ def parse_args(argv=None):
         metavar='FILE',
         help='JSON file remembering measured backbones between calls')
     p.add_argument('--threads', type=int, default=None, help='torch CPU threads')
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    try:  # before any measurement: a run must not find at its end that it cannot write
+        check_outputs(args.out, args.flops_cache)
+    except OutputPathError as error:
+        p.error(str(error))
+    return args
 
 
 def main(argv=None):

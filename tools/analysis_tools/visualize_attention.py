@@ -67,6 +67,7 @@ import matplotlib
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 from polaformer_mm.analysis.attention_maps import AttentionOptions, analyse_attention  # noqa: E402
+from polaformer_mm.engine.entry import run_tool  # noqa: E402
 
 
 def parse_points(values: Optional[Sequence[str]]) -> Optional[List[Tuple[float, float]]]:
@@ -151,4 +152,5 @@ def main(argv: Optional[List[str]] = None) -> dict:
 
 
 if __name__ == '__main__':
-    main()
+    # a named problem of the input: its message and no traceback
+    run_tool(main, 'visualize_attention.py')

@@ -38,6 +38,11 @@ from .base import PolaBackboneBase, check_positive_int, check_probability, is_in
 #: :func:`~polaformer_mm.models.utils.resize_token_grid`).
 INTERPOLATE_MODES = ('bicubic', 'bilinear')
 
+#: The state-dict key (relative to the backbone) of the patch grid ``[H, W]`` that the
+#: position embedding and every 'L' positional encoding lie on, written where the grid is
+#: not square: the tables alone do not tell a 16x4 grid from an 8x8 one.
+GRID_KEY = 'pos_grid'
+
 
 class ViTPatchEmbed(PatchEmbed):
     """mmcv's ``PatchEmbed`` as mmpretrain's ViT builds it (a conv with kernel = stride,
@@ -373,9 +378,11 @@ class PolaViT(PolaBackboneBase):
             ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)``.
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=...,
             prefix=...)`` loads weights strictly (a position embedding or positional
-            encoding learned on another square grid is resized to the grid of
-            ``pretrain_img_size``, which is logged with the keys and both grids); None
-            uses DeiT's initialisation. Default: None.
+            encoding learned on another grid is resized to the grid of
+            ``pretrain_img_size``, which is logged with the keys and both grids; a model
+            whose grid is not square writes it into its state dict as ``pos_grid``, a file
+            without one has a square grid); None uses DeiT's initialisation.
+            Default: None.
 
     Input: images (B, in_channels, H, W), any H and W. Output: a tuple with one map (or
     ``[map, class token]``) per ``out_indices`` entry.
@@ -468,8 +475,10 @@ class PolaViT(PolaBackboneBase):
         if self.final_norm:
             self.ln1 = build_norm_layer(norm_cfg, embed_dims)
         self._pos_encodings = StagePositionalEncodings()
-        # a file learned at another size loads with its grids resized, as in mmpretrain
+        # a file learned at another size loads with its grids resized, as in mmpretrain;
+        # a grid that is not square is written into the state dict (GRID_KEY)
         self._register_load_state_dict_pre_hook(self._fit_grids_hook)
+        self._register_state_dict_hook(_write_grid)
         self._freeze_stages()  # before any optimizer sees the parameters
 
     def _parse_vit_arch(self, arch: Union[str, dict]) -> dict:
@@ -597,8 +606,13 @@ class PolaViT(PolaBackboneBase):
 
     def _optional_key(self, key: str) -> bool:
         """Without ``final_norm``, a file's final norm (``ln1.*``) is left unused, as
-        mmseg's ViT leaves it."""
-        return not self.final_norm and key.startswith('ln1.')
+        mmseg's ViT leaves it; the grid record (:data:`GRID_KEY`) is written for grids
+        that are not square only."""
+        return (not self.final_norm and key.startswith('ln1.')) or key == GRID_KEY
+
+    #: keys a checkpoint of this module may lack or carry beyond its ``state_dict()``
+    #: (read by :func:`polaformer_mm.engine.checkpoint_fit.find_mismatch`)
+    optional_state_keys = (GRID_KEY, )
 
     def _load_pretrained(self, state_dict, source) -> None:
         super()._load_pretrained(self._fit_grids(dict(state_dict)), source)
@@ -608,48 +622,88 @@ class PolaViT(PolaBackboneBase):
             k[len(prefix):]: v
             for k, v in state_dict.items() if k.startswith(prefix)
         })
+        state_dict.pop(prefix + GRID_KEY, None)  # read: no tensor of the model takes it
         state_dict.update({prefix + k: v for k, v in fitted.items()})
 
     def _fit_grids(self, state_dict: Dict[str, Tensor]) -> Dict[str, Tensor]:
-        """Resize a ``pos_embed`` and 'L' ``positional_encoding`` learned on another
-        square grid to this model's, that of ``pretrain_img_size`` (``interpolate_mode`` /
-        bicubic, as at run time), and log what was resized: the keys and both grids, as a
-        warning where a file's grid is larger than the model's (a file of the former
-        layout, whose grid followed ``img_size``; ``pretrain_img_size`` set to the file's
-        size loads it as it is). Other tensors, and those whose size is no square grid, as
-        they are (a shape mismatch is then named by the loader)."""
+        """Resize a ``pos_embed`` and 'L' ``positional_encoding`` learned on another grid
+        to this model's, that of ``pretrain_img_size`` (``interpolate_mode`` / bicubic, as
+        at run time), and log what was resized: the keys and both grids, as a warning
+        where a file's grid is larger than the model's (a file of the former layout, whose
+        grid followed ``img_size``; ``pretrain_img_size`` set to the file's size loads it
+        as it is). The file's grid is its :data:`GRID_KEY` entry (written by models whose
+        grid is not square; taken out of the returned dict); a file without one has a
+        square grid (DeiT and mmpretrain files, and those of square models), so tables of
+        another number of tokens than a square are left as they are (a shape mismatch is
+        then named by the loader)."""
+        recorded = state_dict.pop(GRID_KEY, None)
+        file_grid = _read_grid(recorded) if recorded is not None else None
         targets = {'pos_embed': (self.pos_embed, 1, self.interpolate_mode)}
         for j, block in enumerate(self.layers):
             if isinstance(block.attn, PolaLinearAttention):
                 targets[f'layers.{j}.attn.positional_encoding'] = (block.attn.positional_encoding,
                                                                    0, 'bicubic')
-        resized: Dict[int, List[str]] = {}
+        resized: Dict[Tuple[int, int], List[str]] = {}
         for key, (own, extra, mode) in targets.items():
             value = state_dict.get(key)
-            if (value is None or value.dim() != 3 or value.shape == own.shape
-                    or value.shape[2] != own.shape[2]):
+            if value is None or value.dim() != 3 or value.shape[2] != own.shape[2]:
                 continue
-            side = math.isqrt(max(value.shape[1] - extra, 0))
-            if side < 1 or side * side + extra != value.shape[1]:
+            tokens = value.shape[1] - extra
+            if file_grid is not None:
+                grid = file_grid
+                if grid[0] * grid[1] != tokens:
+                    raise ValueError(f'{GRID_KEY}={list(grid)} of the file does not fit its {key} '
+                                     f'{tuple(value.shape)} ({tokens} tokens on the grid, '
+                                     f'{grid[0] * grid[1]} expected)')
+            else:
+                side = math.isqrt(max(tokens, 0))
+                if side < 1 or side * side != tokens:
+                    continue
+                grid = (side, side)
+            if grid == tuple(self.patch_resolution):
                 continue
             with torch.no_grad():
-                grid = resize_token_grid(value[:, extra:].float(), (side, side),
-                                         self.patch_resolution, mode).to(value.dtype)
-                state_dict[key] = torch.cat([value[:, :extra], grid], dim=1)
-            resized.setdefault(side, []).append(key)
+                resized_grid = resize_token_grid(value[:, extra:].float(), grid,
+                                                 self.patch_resolution, mode).to(value.dtype)
+                state_dict[key] = torch.cat([value[:, :extra], resized_grid], dim=1)
+            resized.setdefault(grid, []).append(key)
         H, W = self.patch_resolution
         patch = self.patch_embed.projection.stride[0]
         size = 'x'.join(map(str, self.pretrain_img_size))
-        for side, keys in resized.items():
-            larger = side * side > H * W
+        for (gh, gw), keys in resized.items():
+            larger = gh * gw > H * W
             MMLogger.get_current_instance().log(
                 logging.WARNING if larger else logging.INFO,
-                f'PolaViT: resized {_key_list(keys)} from the file\'s {side}x{side} grid to '
+                f'PolaViT: resized {_key_list(keys)} from the file\'s {gh}x{gw} grid to '
                 f'this model\'s {H}x{W} (pretrain_img_size {size}, patch {patch})' +
                 (f'; the file holds more positions than the model keeps: '
-                 f'build it with pretrain_img_size={side * patch} to load them '
-                 'as they are' if larger else ''))
+                 f'build it with pretrain_img_size={_size_arg(gh * patch, gw * patch)} to load '
+                 'them as they are' if larger else '') +
+                ('; the file names no grid: its tables were read as square'
+                 if file_grid is None and H != W else ''))
         return state_dict
+
+
+def _write_grid(module: 'PolaViT', state_dict, prefix: str, local_metadata) -> None:
+    """State-dict hook: the grid record of a model whose grid is not square."""
+    H, W = module.patch_resolution
+    if H != W:
+        state_dict[prefix + GRID_KEY] = torch.tensor([H, W], dtype=torch.int64)
+
+
+def _read_grid(value) -> Tuple[int, int]:
+    """The (H, W) of a :data:`GRID_KEY` entry; a ValueError naming what it holds otherwise."""
+    grid = value.tolist() if hasattr(value, 'tolist') else value
+    if (not isinstance(grid, (list, tuple)) or len(grid) != 2
+            or not all(is_int(g) and g >= 1 for g in grid)):
+        raise ValueError(f'the file\'s {GRID_KEY} is {grid!r}: expected the patch grid '
+                         '[H, W] of its position tables (two positive ints)')
+    return int(grid[0]), int(grid[1])
+
+
+def _size_arg(h: int, w: int):
+    """A ``pretrain_img_size`` argument as a config writes it."""
+    return h if h == w else (h, w)
 
 
 def _key_list(keys: Sequence[str]) -> str:

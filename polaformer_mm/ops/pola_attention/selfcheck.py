@@ -650,11 +650,17 @@ def run_selfcheck(quick: bool = False,
 
 def write_json(result: dict, path: str) -> None:
     """Write ``result`` of :func:`run_selfcheck` to ``path`` (its folder created), through
-    a temporary file, so that the file is always whole."""
+    a temporary file, so that the file is always whole (the temporary file is removed
+    when the write fails)."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     tmp = f'{path}.tmp'
-    with open(tmp, 'w') as f:
-        json.dump(result, f, indent=2, default=str)
-        f.write('\n')
-    os.replace(tmp, path)
+    try:
+        with open(tmp, 'w') as f:
+            json.dump(result, f, indent=2, default=str)
+            f.write('\n')
+        os.replace(tmp, path)
+    except BaseException:  # no partial file left behind (a full disk, Ctrl-C)
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
