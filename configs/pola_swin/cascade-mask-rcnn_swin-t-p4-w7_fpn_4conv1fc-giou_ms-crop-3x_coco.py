@@ -40,13 +40,7 @@ model = dict(
 
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=500),
-    dict(
-        type='MultiStepLR',
-        begin=0,
-        end=36,
-        by_epoch=True,
-        milestones=[27, 33],
-        gamma=0.1)
+    dict(type='MultiStepLR', begin=0, end=36, by_epoch=True, milestones=[27, 33], gamma=0.1)
 ]
 
 # The Swin no-decay rules of mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py (Pola's positional

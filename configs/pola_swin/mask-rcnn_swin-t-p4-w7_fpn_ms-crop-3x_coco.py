@@ -18,13 +18,7 @@ model = dict(backbone=dict(drop_path_rate=0.1))
 
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=500),
-    dict(
-        type='MultiStepLR',
-        begin=0,
-        end=36,
-        by_epoch=True,
-        milestones=[27, 33],
-        gamma=0.1)
+    dict(type='MultiStepLR', begin=0, end=36, by_epoch=True, milestones=[27, 33], gamma=0.1)
 ]
 
 # The Swin no-decay rules, shared by the baseline and the Pola config: the lineage's
