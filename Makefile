@@ -57,10 +57,9 @@ install: $(STAMP) $(PKG)
 TRAINS := $(if $(filter oldest,$(STACK)),one-per-pair,one-per-size-family)
 # Tests in TEST_WORKERS processes (pytest-xdist), one torch thread each (tests/conftest.py):
 # 2 for the 2-core machines of the budgets (docs/notes/developer_guide.md), 0 for one process
-# (a debugger), auto for one per core; the tests that share a module fixture go to one worker
-# (--dist loadgroup, tests/conftest.py).
+# (a debugger), auto for one per core.
 TEST_WORKERS ?= 2
-XDIST := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
+XDIST := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS))
 
 test: install
 	POLA_TEST_TRAINS=$(TRAINS) $(PY) -m pytest $(XDIST) $(PYTEST_ARGS)

@@ -56,34 +56,6 @@ def _read_package_metafiles_once():
     config_module.is_installed = is_installed
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (``--dist loadgroup``), the tests that share a module-scoped
-    fixture of their own module (a trained work dir, a reproduce run, a set of models) go to
-    one worker, which builds the fixture once."""
-    if not config.pluginmanager.hasplugin('xdist'):
-        return
-    for item in items:
-        module = item.nodeid.split('::')[0]
-        if _shares_a_module_fixture(item, module):
-            item.add_marker(pytest.mark.xdist_group(module))
-
-
-def _shares_a_module_fixture(item, module):
-    info = getattr(item, '_fixtureinfo', None)
-    if info is None:
-        return False
-    autouse = set(info.initialnames) - set(info.argnames)
-    for name in item.fixturenames:
-        defs = info.name2fixturedefs.get(name)
-        if name in autouse or not defs:
-            continue
-        last = defs[-1]
-        if last.scope in ('module', 'class', 'package') and last.baseid.startswith(module):
-            return True
-    return False
-
-
 def pytest_terminal_summary(terminalreporter):
     """Name the tests not marked slow whose set-up and call took over the limit."""
     took = {}
