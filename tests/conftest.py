@@ -23,7 +23,8 @@ GOLDEN_DIR = osp.join(DATA_DIR, 'golden')
 
 def pytest_configure(config):
     """Session set-up: one torch thread, and the external config index read once."""
-    torch.set_num_threads(int(os.environ['OMP_NUM_THREADS']))
+    threads = os.environ.get('OMP_NUM_THREADS', '').split(',')[0]
+    torch.set_num_threads(int(threads) if threads.isdigit() and int(threads) > 0 else 1)
     _read_package_metafiles_once()
 
 
