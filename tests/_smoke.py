@@ -275,9 +275,10 @@ def two_epoch_det_config(data_root, module, checkpoint='dict(interval=1)', extra
             f'default_hooks = dict(logger=dict(interval=1), checkpoint={checkpoint})\n' + extra)
 
 
-#: ``POLA_TEST_TRAINS=one-per-size-family`` (``make test STACK=oldest``): the one-iteration
-#: config trains run one config of every group that differs only in the backbone size
+#: ``POLA_TEST_TRAINS``: which configs the one-iteration config trains run (``make test``
+#: sets it per stack; see ``configs_to_train``)
 TRAINS_ENV = 'POLA_TEST_TRAINS'
+TRAIN_MODES = ('all', 'one-per-size-family', 'one-per-pair')
 _SIZE_RANK = {
     s: i
     for i, names in enumerate(['t tiny b0', 's small b1', 'm medium b2', 'l large b base'])
@@ -286,23 +287,36 @@ _SIZE_RANK = {
 _SIZE = re.compile(
     r'(pvtv2|pvt|swin|deit)-(tiny|small|medium|large|base|b[0-5](?![0-9])|[tsmlb])(16)?')
 
+_BATCH = re.compile(r'[0-9]+xb[0-9]+')  # GPUs x images per GPU
+
+
+def _train_group(path, mode):
+    """The group of ``path`` whose smallest backbone ``mode`` trains: the configs whose names
+    differ only in the backbone size ('one-per-size-family'), or those of one detector,
+    segmentor or classifier recipe on one backbone family, whatever the size, data set or
+    schedule: the first two fields of the name, sizes and GPU x batch left out
+    ('one-per-pair': Mask R-CNN with Pola-PVT, Mask R-CNN with PVT, UperNet with Pola-Swin,
+    ImageNet from scratch with Pola-DeiT, ImageNet fine-tuning with Pola-DeiT, ...)."""
+    name = _SIZE.sub(r'\1-X', os.path.basename(path))
+    if mode == 'one-per-pair':
+        name = '_'.join(_BATCH.sub('N', name).split('_')[:2])
+    return os.path.dirname(path), name
+
 
 def configs_to_train(paths):
-    """The config paths the one-iteration train tests run: all of them, or with
-    ``POLA_TEST_TRAINS=one-per-size-family`` the smallest backbone of every group of
-    configs whose names differ only in the backbone size (the low end of the supported
-    range runs the same code paths in a fraction of the time; every config is trained on
-    the pinned stack and built on both)."""
+    """The config paths the one-iteration train tests run, by ``POLA_TEST_TRAINS``: 'all'
+    (the default), 'one-per-size-family' or 'one-per-pair' (the smallest backbone of each
+    group of ``_train_group``; the same code paths in a fraction of the time: every config
+    is still built, its optimizer too, by tests/test_configs on both stacks)."""
     mode = os.environ.get(TRAINS_ENV, 'all')
+    if mode not in TRAIN_MODES:
+        raise ValueError(f'{TRAINS_ENV} must be one of {TRAIN_MODES}, got {mode!r}')
     if mode == 'all':
         return list(paths)
-    if mode != 'one-per-size-family':
-        raise ValueError(f"{TRAINS_ENV} must be 'all' or 'one-per-size-family', got {mode!r}")
     smallest = {}
-    for path in paths:
-        name = os.path.basename(path)
-        group = (os.path.dirname(path), _SIZE.sub(r'\1-X', name))
-        sizes = [m[2] for m in _SIZE.finditer(name)]
+    for path in sorted(paths):
+        group = _train_group(path, mode)
+        sizes = [m[2] for m in _SIZE.finditer(os.path.basename(path))]
         rank = _SIZE_RANK.get(sizes[0], len(_SIZE_RANK)) if sizes else 0
         if group not in smallest or rank < smallest[group][0]:
             smallest[group] = (rank, path)

@@ -372,12 +372,15 @@ def _render_one(task):
 
 
 def _render_all(tasks, workers):
-    """Every image's instances, in order; ``workers`` forked processes share the images
-    (no fork on this platform, or one worker: all in this process)."""
+    """Every image's instances, in order; ``workers`` processes share the images, forked
+    (spawned where this process runs other threads, whose locks a fork would copy; no fork
+    on this platform, or one worker: all in this process)."""
     import multiprocessing as mp
+    import threading
     if workers <= 1 or len(tasks) < 2 * _RENDER_CHUNK or 'fork' not in mp.get_all_start_methods():
         return [_render_one(t) for t in tasks]
-    with mp.get_context('fork').Pool(workers) as pool:
+    context = mp.get_context('fork' if threading.active_count() == 1 else 'spawn')
+    with context.Pool(workers) as pool:
         return pool.map(_render_one, tasks, chunksize=_RENDER_CHUNK)
 
 

@@ -19,6 +19,7 @@ names what is missing. The command line is ``tools/analysis_tools/compile_kernel
 """
 import multiprocessing
 import re
+import threading
 from concurrent.futures import ProcessPoolExecutor
 from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -367,10 +368,13 @@ def compile_report(targets: Sequence = DEFAULT_TARGETS,
             if progress:
                 progress(len(results), len(unique))
     else:
-        # fork where there is one: the workers neither re-run the caller's main module nor
-        # import torch and Triton again (nothing here has touched a GPU or compiled yet)
-        methods = multiprocessing.get_all_start_methods()
-        context = multiprocessing.get_context('fork' if 'fork' in methods else 'spawn')
+        # fork where there is one and the caller runs one thread: the workers neither re-run
+        # the caller's main module nor import torch and Triton again (nothing here has touched
+        # a GPU or compiled yet); a caller with other threads (a notebook's, a test runner's)
+        # spawns them, since a fork copies any lock another thread holds at that moment
+        fork = 'fork' in multiprocessing.get_all_start_methods() and \
+            threading.active_count() == 1
+        context = multiprocessing.get_context('fork' if fork else 'spawn')
         with ProcessPoolExecutor(min(jobs, len(unique)), mp_context=context) as pool:
             for result in pool.map(compile_variant, unique, chunksize=1):
                 results.append(result)
