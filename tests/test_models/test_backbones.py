@@ -33,7 +33,10 @@ def tiny_models():
     return models
 
 
-@pytest.mark.parametrize('hw', SIZES, ids=[f'{h}x{w}' for h, w in SIZES])
+# COCO's 800x1333 takes half the module's time: the slow tier runs it
+@pytest.mark.parametrize(
+    'hw', [pytest.param(hw, marks=[pytest.mark.slow] if hw == (800, 1333) else []) for hw in SIZES],
+    ids=[f'{h}x{w}' for h, w in SIZES])
 def test_forward_any_size(tiny_models, hw):
     x = torch.randn(1, 3, *hw)
     for model in tiny_models:
