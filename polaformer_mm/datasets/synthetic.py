@@ -376,11 +376,11 @@ def _render_all(tasks, workers):
     (spawned where this process runs other threads, whose locks a fork would copy; no fork
     on this platform, or one worker: all in this process)."""
     import multiprocessing as mp
-    import threading
+
+    from ..utils.processes import pool_context
     if workers <= 1 or len(tasks) < 2 * _RENDER_CHUNK or 'fork' not in mp.get_all_start_methods():
         return [_render_one(t) for t in tasks]
-    context = mp.get_context('fork' if threading.active_count() == 1 else 'spawn')
-    with context.Pool(workers) as pool:
+    with pool_context().Pool(workers) as pool:
         return pool.map(_render_one, tasks, chunksize=_RENDER_CHUNK)
 
 

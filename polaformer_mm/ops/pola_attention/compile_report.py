@@ -17,13 +17,12 @@ The kernels' signatures are the kernels' module's (:func:`~.triton_kernels.signa
 Needs Triton (2.1 or later) and its bundled ``ptxas``, no GPU; :func:`check_toolchain`
 names what is missing. The command line is ``tools/analysis_tools/compile_kernels.py``.
 """
-import multiprocessing
 import re
-import threading
 from concurrent.futures import ProcessPoolExecutor
 from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from ...utils.compat import triton_status
+from ...utils.processes import pool_context
 from .triton_resources import (TARGET_LIMITS, Usage, candidates, limits_of, misfit_reason,
                                parse_ptxas, ptxas_arch)
 
@@ -368,14 +367,9 @@ def compile_report(targets: Sequence = DEFAULT_TARGETS,
             if progress:
                 progress(len(results), len(unique))
     else:
-        # fork where there is one and the caller runs one thread: the workers neither re-run
-        # the caller's main module nor import torch and Triton again (nothing here has touched
-        # a GPU or compiled yet); a caller with other threads (a notebook's, a test runner's)
-        # spawns them, since a fork copies any lock another thread holds at that moment
-        fork = 'fork' in multiprocessing.get_all_start_methods() and \
-            threading.active_count() == 1
-        context = multiprocessing.get_context('fork' if fork else 'spawn')
-        with ProcessPoolExecutor(min(jobs, len(unique)), mp_context=context) as pool:
+        # forked workers (where safe) import torch and Triton no second time; nothing here
+        # has touched a GPU or compiled yet
+        with ProcessPoolExecutor(min(jobs, len(unique)), mp_context=pool_context()) as pool:
             for result in pool.map(compile_variant, unique, chunksize=1):
                 results.append(result)
                 if progress:
