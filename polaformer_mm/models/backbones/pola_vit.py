@@ -608,7 +608,7 @@ class PolaViT(PolaBackboneBase):
         """Without ``final_norm``, a file's final norm (``ln1.*``) is left unused, as
         mmseg's ViT leaves it; the grid record (:data:`GRID_KEY`) is written for grids
         that are not square only."""
-        return (not self.final_norm and key.startswith('ln1.')) or key == GRID_KEY
+        return (not self.final_norm and key.startswith('ln1.')) or key in self.optional_state_keys
 
     #: keys a checkpoint of this module may lack or carry beyond its ``state_dict()``
     #: (read by :func:`polaformer_mm.engine.checkpoint_fit.find_mismatch`)
