@@ -37,16 +37,6 @@ CHECKPOINT_FAMILIES = {
 RULES_ONLY = ('quickstart', )
 
 
-@pytest.fixture(scope='module', autouse=True)
-def _one_thread():
-    """Tiny forwards gain nothing from threads, and on a shared 2-core machine OpenMP
-    threads waiting on each other turn a 0.1 s forward into seconds."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _config_files():
     files = []
     for path in glob.glob(osp.join(CONFIG_DIR, '**', '*.py'), recursive=True):

@@ -33,16 +33,6 @@ needs_mmdeploy = pytest.mark.skipif(MMDEPLOY_MISSING is not None, reason=str(MMD
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    """Small models on a shared machine: threads waiting on each other cost more than
-    they give."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(autouse=True)
 def _seeded():
     """Models built with random weights get the same weights whatever ran before: an
     argmax near a tie would otherwise depend on the order of the tests."""

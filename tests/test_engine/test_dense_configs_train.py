@@ -126,22 +126,13 @@ def test_cityscapes_whole_image_inference(tmp_path):
     seg = tmp_path / 'x_gtFine_labelTrainIds.png'
     cv2.imwrite(str(img), np.random.default_rng(0).integers(0, 256, (1024, 2048, 3), np.uint8))
     cv2.imwrite(str(seg), np.zeros((1024, 2048), np.uint8))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with DefaultScope.overwrite_default_scope('mmseg'):
-            model = MODELS.build(cfg.model).eval()
-            data = Compose(cfg.test_dataloader.dataset.pipeline)(
-                dict(
-                    img_path=str(img),
-                    seg_map_path=str(seg),
-                    reduce_zero_label=False,
-                    seg_fields=[]))
-            assert tuple(data['inputs'].shape) == (3, 1024, 2048)  # whole image, not resized
-            with torch.no_grad():
-                (out, ) = model.test_step(pseudo_collate([data]))
-    finally:
-        torch.set_num_threads(threads)
+    with DefaultScope.overwrite_default_scope('mmseg'):
+        model = MODELS.build(cfg.model).eval()
+        data = Compose(cfg.test_dataloader.dataset.pipeline)(
+            dict(img_path=str(img), seg_map_path=str(seg), reduce_zero_label=False, seg_fields=[]))
+        assert tuple(data['inputs'].shape) == (3, 1024, 2048)  # whole image, not resized
+        with torch.no_grad():
+            (out, ) = model.test_step(pseudo_collate([data]))
     pred = out.pred_sem_seg.data
     assert tuple(pred.shape) == (1, 1024, 2048)
     assert int(pred.min()) >= 0 and int(pred.max()) < 19
