@@ -87,12 +87,33 @@ def synthetic_data_root(tmp_path_factory):
     return synthetic_root(tmp_path_factory.mktemp('data'))
 
 
+def _managed_classes():
+    """mmengine's named-singleton classes (``ManagerMixin``: DefaultScope, MessageHub,
+    MMLogger, the visualizers), each with its own instance table."""
+    from mmengine.utils import ManagerMixin
+    found, todo = [], [ManagerMixin]
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if '_instance_dict' in vars(cls):
+            found.append(cls)
+    return found
+
+
 @pytest.fixture(autouse=True)
-def _restore_default_scope():
-    """A test that calls ``init_default_scope`` (as the tools do) sets mmengine's global
-    default scope for every test after it; each test starts from the scopes it found."""
-    from mmengine.registry import DefaultScope
-    saved = dict(DefaultScope._instance_dict)
+def _restore_mmengine_instances():
+    """Each test starts from mmengine's global instances it found. A test that calls
+    ``init_default_scope`` (as the tools do) would set the default scope of every test after
+    it; a runner's visualizer is a named singleton that a later runner of the same name gets
+    back, writing into the first test's ``tmp_path`` (removed when that test passed). The
+    instances a test created are dropped when it ends (a logger's files closed)."""
+    saved = {cls: dict(cls._instance_dict) for cls in _managed_classes()}
     yield
-    DefaultScope._instance_dict.clear()
-    DefaultScope._instance_dict.update(saved)
+    for cls in _managed_classes():
+        before = saved.get(cls, {})
+        for name, instance in list(cls._instance_dict.items()):
+            if before.get(name) is not instance:
+                for handler in list(getattr(instance, 'handlers', ())):
+                    handler.close()
+        cls._instance_dict.clear()
+        cls._instance_dict.update(before)
