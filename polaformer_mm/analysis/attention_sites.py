@@ -29,7 +29,7 @@ import torch.nn as nn
 
 from ..models.attention import PolaLinearAttention
 from ..models.family import family_of
-from ..models.window_geometry import window_shift
+from ..models.window_geometry import padded_size, window_shift
 from ..ops import attention_entropy, pola_attention_weights, pola_exponent
 
 __all__ = [
@@ -102,10 +102,14 @@ class Site:
         raise NotImplementedError
 
     # window geometry (pad bottom / right to multiples, roll by -shift, row-major)
+    def _padded_hw(self) -> Tuple[int, int]:
+        """The stage map padded to multiples of the window (:func:`padded_size`)."""
+        H, W = self.stage_hw
+        return padded_size(H, self.window[0]), padded_size(W, self.window[0])
+
     def _window_of(self, cells: np.ndarray):
         ws, shift = self.window
-        H, W = self.stage_hw
-        Hp, Wp = -(-H // ws) * ws, -(-W // ws) * ws
+        Hp, Wp = self._padded_hw()
         rr, cc = (cells[:, 0] - shift) % Hp, (cells[:, 1] - shift) % Wp
         index = (rr // ws) * (Wp // ws) + cc // ws
         slot = (rr % ws) * ws + cc % ws
@@ -114,7 +118,7 @@ class Site:
     def _window_keys(self, index: int) -> Tuple[np.ndarray, np.ndarray]:
         ws, shift = self.window
         H, W = self.stage_hw
-        Hp, Wp = -(-H // ws) * ws, -(-W // ws) * ws
+        Hp, Wp = self._padded_hw()
         t = np.arange(ws * ws)
         rows = (index // (Wp // ws) * ws + t // ws + shift) % Hp
         cols = (index % (Wp // ws) * ws + t % ws + shift) % Wp

@@ -103,13 +103,18 @@ def window_layout(H, W, window_size: int, shift, device: torch.device):
     return to_windows, from_windows, windows(ids.masked_fill(padded, -1))
 
 
+def _padded(H: int, W: int, window_size: int) -> bool:
+    """Whether an H x W map in windows of ``window_size`` is padded."""
+    return (padded_size(H, window_size), padded_size(W, window_size)) != (H, W)
+
+
 @lru_cache(maxsize=64)
 def window_regions(H: int, W: int, window_size: int, shift: int):
     """Per window token ids (nW, T) over an H x W map padded to multiples of the
     window and rolled by -shift: the shift region (0..8) of every real token, -1 for
     tokens added by padding (:func:`window_layout`). None when there is neither shift
     nor padding. Cached per size."""
-    if shift == 0 and (padded_size(H, window_size), padded_size(W, window_size)) == (H, W):
+    if shift == 0 and not _padded(H, W, window_size):
         return None
     return window_layout(H, W, window_size, shift, torch.device('cpu'))[2]
 
@@ -147,7 +152,7 @@ def window_mask(H: int, W: int, window_size: int, shift: int, device: torch.devi
 def window_padding(H: int, W: int, window_size: int, shift: int, device: torch.device):
     """(nW, T) bool, True at tokens added by padding; None without padding. The
     linear windows ignore the shift regions, as the official code does."""
-    if (padded_size(H, window_size), padded_size(W, window_size)) == (H, W):
+    if not _padded(H, W, window_size):
         return None
     return (window_regions(H, W, window_size, shift) < 0).to(device)
 
