@@ -31,8 +31,8 @@ import sys
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
 
-def load_selfcheck():
-    """Import ``polaformer_mm.ops.pola_attention.selfcheck`` without running
+def _bare_package() -> None:
+    """Make ``polaformer_mm``'s subpackages importable without running
     ``polaformer_mm/__init__.py``.
 
     ``import polaformer_mm`` imports the models, mmengine and the OpenMMLab stack, none of
@@ -47,6 +47,12 @@ def load_selfcheck():
         spec = importlib.machinery.ModuleSpec('polaformer_mm', None, is_package=True)
         spec.submodule_search_locations = [osp.join(REPO, 'polaformer_mm')]
         sys.modules['polaformer_mm'] = importlib.util.module_from_spec(spec)
+
+
+def load_selfcheck():
+    """Import ``polaformer_mm.ops.pola_attention.selfcheck`` without running
+    ``polaformer_mm/__init__.py`` (:func:`_bare_package`)."""
+    _bare_package()
     from polaformer_mm.ops.pola_attention import selfcheck
     return selfcheck
 
@@ -88,13 +94,12 @@ def parse_args(argv=None):
 
 
 def _output_paths():
-    """``polaformer_mm/utils/output_paths.py`` (standard library only), read from its file
-    so that the check of ``--json`` imports nothing of the package."""
-    path = osp.join(REPO, 'polaformer_mm', 'utils', 'output_paths.py')
-    spec = importlib.util.spec_from_file_location('_kernel_check_output_paths', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """``polaformer_mm.utils.output_paths`` (standard library only), imported without the
+    package's ``__init__`` (:func:`_bare_package`), so that the check of ``--json`` imports
+    nothing else of the package."""
+    _bare_package()
+    from polaformer_mm.utils import output_paths
+    return output_paths
 
 
 def main(argv=None) -> int:
