@@ -24,7 +24,7 @@ from polaformer_mm.analysis.flops import (backbone_key, default_shape, describe_
 from polaformer_mm.engine.entry import TEST_METRICS_FILE
 from polaformer_mm.models.family import families
 from polaformer_mm.utils.checkpoint_io import atomic_write
-from polaformer_mm.utils.output_paths import check_distinct_outputs, check_output_file
+from polaformer_mm.utils.output_paths import check_output_files
 
 #: the file of a test's results that tools/test.py writes into its --work-dir
 METRICS_FILE = TEST_METRICS_FILE
@@ -439,10 +439,7 @@ def check_outputs(out: Optional[str], flops_cache: Optional[str]) -> None:
     otherwise."""
     outputs = {f'--out ({ext})': out + ext for ext in ('.md', '.csv', '.png')} if out else {}
     outputs['--flops-cache'] = flops_cache
-    check_distinct_outputs(outputs)
-    for option, path in outputs.items():
-        if path:
-            check_output_file(option, path, makes_folder=True)
+    check_output_files(outputs, makes_folder=True)
 
 
 def make_gain_table(work_dirs: Sequence[str],

@@ -6,7 +6,8 @@ hour must not find at its end that it cannot write its results.
 named, without leaving one behind. Both raise :class:`OutputPathError` naming the option
 and the path, for the command line to print as a usage error. :func:`check_distinct_outputs`
 refuses two output options of one command naming the same path (one would overwrite the
-other). :func:`check_run_options` checks what the ONNX benchmark and profile tools share:
+other); :func:`check_output_files` checks a command's output files both ways.
+:func:`check_run_options` checks what the ONNX benchmark and profile tools share:
 their CONFIG H W triples and their ``--out-md``, ``--out-json`` and ``--work-dir``.
 """
 import os
@@ -16,7 +17,7 @@ from typing import Any, Callable, Dict, Optional, Sequence
 
 __all__ = [
     'OutputPathError', 'check_output_dir', 'check_output_file', 'check_distinct_outputs',
-    'check_run_options'
+    'check_output_files', 'check_run_options'
 ]
 
 
@@ -87,6 +88,16 @@ def check_distinct_outputs(outputs: Dict[str, Optional[str]]) -> None:
             raise OutputPathError(f'{seen[key]} and {option} both name {path}: one output would '
                                   'overwrite the other; give each its own path')
         seen[key] = option
+
+
+def check_output_files(outputs: Dict[str, Optional[str]], makes_folder: bool = False) -> None:
+    """The output files of one command (option -> path, None for an option not given): no
+    two the same (:func:`check_distinct_outputs`), each writable where it is named
+    (:func:`check_output_file`, with ``makes_folder``)."""
+    check_distinct_outputs(outputs)
+    for option, path in outputs.items():
+        if path:
+            check_output_file(option, path, makes_folder=makes_folder)
 
 
 def check_run_options(error: Callable[[str], Any], triples: Sequence[str], out_md: Optional[str],

@@ -69,10 +69,7 @@ def _check_outputs(args) -> None:
     """Fail before compiling when ``--json`` / ``--out-md`` cannot be written (a file is
     created and removed where each is named) or both name the same file."""
     try:
-        output_paths.check_distinct_outputs({'--json': args.json, '--out-md': args.out_md})
-        for path, option in ((args.json, '--json'), (args.out_md, '--out-md')):
-            if path:
-                output_paths.check_output_file(option, path)
+        output_paths.check_output_files({'--json': args.json, '--out-md': args.out_md})
     except output_paths.OutputPathError as error:
         raise SystemExit(f'compile_kernels: {error}')
 
